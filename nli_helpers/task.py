@@ -1,0 +1,73 @@
+"""The trainer command: what a notebook, a shell and Vertex AI all run.
+
+    python -m nli_helpers.task --profile smoke
+    python -m nli_helpers.task --profile full --job-dir gs://BUCKET/runs/1      # on a GPU
+    python -m nli_helpers.task --help                                             # every field
+
+Every flag is generated from a `TrainConfig` field and accepted with underscores or hyphens
+(`--batch_size` / `--batch-size`), so the older recipe's flags (`--job-dir`, `--weight-decay`,
+`--model-name`, `--learning_rate`, ...) keep working. Flags you leave out take the profile's
+defaults. `--job-dir` defaults to `$AIP_MODEL_DIR` on Vertex AI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from .config import NLIError, TrainConfig, make_config
+
+ALIASES = {"bf16": ("precision", "bf16")}  # the old recipe's switch, kept as a shorthand
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    hint = typing.get_type_hints(TrainConfig)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nli_helpers.task", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS)
+    for f in dataclasses.fields(TrainConfig):
+        names = sorted({f"--{f.name}", f"--{f.name.replace('_', '-')}"})
+        kind = _field_type(f)
+        help_text = f.metadata["help"]
+        if kind is bool:
+            parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(*names, dest=f.name, type=kind, choices=f.metadata.get("choices"),
+                                help=help_text, metavar=f.name.upper())
+    parser.add_argument("--bf16", dest="bf16", action="store_true",
+                        help="shorthand for --precision bf16 (fails clearly where bf16 is unsupported)")
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> TrainConfig:
+    values = vars(build_parser().parse_args(argv))
+    for flag, (name, value) in ALIASES.items():
+        if values.pop(flag, False):
+            values[name] = value
+    return make_config(values.pop("profile", "auto"), verbose=True, **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .train import run_training  # torch and transformers load after the arguments are checked
+
+    try:
+        cfg = config_from_args(argv)
+        result = run_training(cfg)
+    except NLIError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was saved", file=sys.stderr)
+        return 130
+    return 0 if result.metrics else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The training loop: AdamW, linear warmup then decay, mixed precision, accumulation, clipping,
+evaluation on every validation split, progress bars, a per-step history, and export.
+
+    >>> from nli_helpers import make_config, run_training
+    >>> result = run_training(make_config("smoke"))          # load, train, evaluate, save
+    >>> result.metrics["validation_matched"]["accuracy"]
+
+`run_training` is what `python -m nli_helpers.task` and the notebooks call; `train` is the loop
+alone, for callers that bring their own model and tokenised splits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
+
+from .config import ConfigError, NLIError, TrainConfig
+from .data import LengthGroupedBatchSampler, load_nli_splits, tokenize_splits
+from .metrics import classification_scores, majority_baseline, summary_line
+from .model import count_parameters, load_model_and_tokenizer
+
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module
+    tokenizer: object
+    config: TrainConfig
+    metrics: dict
+    history: list[dict] = field(default_factory=list)
+    output_dir: str | None = None
+
+
+# -- hardware --------------------------------------------------------------------------------
+def cpu_supports_bf16() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """Turn `auto` into fp32/bf16/fp16 for this device; refuse what the hardware cannot do."""
+    cuda = device.type == "cuda"
+    bf16_ok = torch.cuda.is_bf16_supported() if cuda else cpu_supports_bf16()
+    if requested == "auto":
+        return "bf16" if bf16_ok else ("fp16" if cuda else "fp32")
+    if requested == "bf16" and not bf16_ok:
+        where = "this GPU (bf16 needs Ampere or newer)" if cuda else "this CPU (it lacks AVX512-BF16/AMX)"
+        raise ConfigError(f"precision=bf16 is not supported on {where}; use --precision auto or fp32"
+                          + (" or fp16" if cuda else ""))
+    if requested == "fp16" and not cuda:
+        raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 where "
+                          "supported) or fp32")
+    return requested
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+# -- pieces of the loop ------------------------------------------------------------------------
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and LayerNorm; fused kernels on CUDA."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if any(n in name for n in NO_DECAY) else decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, **fast)
+
+
+def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device, *,
+                      num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
+    micro_batch = cfg.batch_size // cfg.grad_accum_steps
+    sampler = LengthGroupedBatchSampler(dataset["length"], micro_batch, seed=cfg.seed,
+                                        group_by_length=cfg.group_by_length,
+                                        num_replicas=num_replicas, rank=rank)
+    return torch.utils.data.DataLoader(
+        dataset.remove_columns([c for c in ("genre", "length") if c in dataset.column_names]),
+        batch_sampler=sampler, collate_fn=collator, num_workers=cfg.num_workers,
+        pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
+
+
+@torch.inference_mode()
+def evaluate(model, dataset, collator, device: torch.device, precision: str = "fp32",
+             batch_size: int = 128) -> tuple[dict, np.ndarray]:
+    """Scores on a tokenised split and the predicted label ids in the split's order.
+
+    Batches are formed in length order (far less padding), then predictions are put back in place,
+    so every example counts exactly once.
+    """
+    model.eval()
+    lengths = np.asarray(dataset["length"])
+    order = np.argsort(lengths, kind="stable")
+    inputs = dataset.remove_columns([c for c in ("genre", "length", "label") if c in dataset.column_names])
+    preds = np.empty(len(dataset), dtype=np.int64)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = {k: v.to(device, non_blocking=True) for k, v in collator(inputs[idx.tolist()]).items()}
+        with autocast(precision, device):
+            logits = model(**batch).logits
+        preds[idx] = logits.argmax(-1).cpu().numpy()
+    labels = np.asarray(dataset["label"])
+    genres = dataset["genre"] if "genre" in dataset.column_names else None
+    model.train()
+    return classification_scores(labels, preds, genres), preds
+
+
+def evaluate_all(model, splits: dict, collator, device, precision, batch_size) -> dict[str, dict]:
+    return {name: evaluate(model, ds, collator, device, precision, batch_size)[0]
+            for name, ds in splits.items() if name != "train"}
+
+
+# -- the loop ------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None) -> TrainResult:
+    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(cfg.precision, device)
+    set_seed(cfg.seed)
+    model.to(device).train()
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
+    loader = make_train_loader(tokenized["train"], cfg, collator, device)
+    steps_per_epoch = max(1, len(loader) // cfg.grad_accum_steps)
+    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    optimizer = build_optimizer(model, cfg, device)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    evals = {k: v for k, v in tokenized.items() if k != "train"}
+
+    history: list[dict] = []
+    eval_history: list[dict] = []
+    pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device): synced at log time
+    window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
+    step, micro = 0, 0
+    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    start = time.perf_counter()
+    epoch = 0
+    while step < total_steps:
+        loader.batch_sampler.set_epoch(epoch)
+        for batch in loader:
+            window["examples"] += len(batch["labels"])
+            window["tokens"] += int(batch["attention_mask"].sum())  # a CPU tensor: no device sync
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with autocast(precision, device):
+                loss = model(**batch).loss / cfg.grad_accum_steps
+            scaler.scale(loss).backward()
+            micro += 1
+            if micro % cfg.grad_accum_steps:
+                continue
+            if cfg.max_grad_norm > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            pending.append((step, lr, loss.detach() * cfg.grad_accum_steps))
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == total_steps:
+                _flush(history, pending, window, epoch + micro / len(loader), bar)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
+                eval_history.append(_eval_row(step, epoch, evaluate_all(model, evals, collator, device,
+                                                                        precision, cfg.eval_batch_size)))
+            if step >= total_steps:
+                break
+        epoch += 1
+        micro = 0
+        if step < total_steps or not eval_history or eval_history[-1]["step"] != step:
+            scores = evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size)
+            eval_history.append(_eval_row(step, epoch, scores))
+            bar.write(f"epoch {epoch} step {step}: {summary_line(scores)}")
+    bar.close()
+    train_seconds = time.perf_counter() - start
+    final = {k: v for k, v in eval_history[-1].items() if k not in ("step", "epoch")}
+    train_tokens = sum(tokenized["train"]["length"])
+    metrics = {
+        **final,
+        "train": {"steps": step, "epochs": cfg.epochs, "seconds": train_seconds,
+                  "examples_per_s": step * cfg.batch_size / train_seconds,
+                  "examples": len(tokenized["train"]), "mean_tokens": train_tokens / len(tokenized["train"]),
+                  "final_loss": history[-1]["loss"] if history else None},
+        "majority_baseline": {k: majority_baseline(v["label"]) for k, v in evals.items()},
+        "precision": precision, "device": str(device), "parameters": count_parameters(model),
+        "eval_history": eval_history,
+    }
+    return TrainResult(model, tokenizer, cfg, metrics, history)
+
+
+def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar) -> None:
+    """Turn the losses kept on the device into numbers: one host sync per log interval."""
+    if not pending:
+        return
+    losses = torch.stack([p[2] for p in pending]).float().cpu().tolist()
+    now = time.perf_counter()
+    seconds = max(now - window["t"], 1e-9)
+    ex_s, tok_s = window["examples"] / seconds, window["tokens"] / seconds
+    for (step, lr, _), loss in zip(pending, losses):
+        history.append({"step": step, "epoch": round(epoch, 4), "loss": loss, "lr": lr})
+    history[-1].update(examples_per_s=ex_s, tokens_per_s=tok_s)
+    if not all(math.isfinite(x) for x in losses):
+        bad = next(s for (s, _, _), x in zip(pending, losses) if not math.isfinite(x))
+        raise NLIError(f"the training loss became {losses[-1]} at step {bad}; lower --learning_rate "
+                       "or use --precision fp32")
+    bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{pending[-1][1]:.2e}", ex_s=f"{ex_s:.1f}")
+    pending.clear()
+    window.update(t=now, examples=0, tokens=0)
+
+
+def _eval_row(step: int, epoch: int, scores: dict) -> dict:
+    return {"step": step, "epoch": epoch, **scores}
+
+
+# -- the whole run: load, train, save ------------------------------------------------------------
+def default_job_dir() -> str:
+    return os.environ.get("AIP_MODEL_DIR") or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def check_job_dir(job_dir: str) -> None:
+    """Fail before training, not after, when the output dir cannot be written."""
+    if job_dir.startswith("gs://"):
+        return
+    path = Path(job_dir).expanduser().resolve()
+    parent = next(p for p in (path, *path.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise NLIError(f"job dir {job_dir} is not writable ({parent} is not a writable directory); "
+                       "pass --job-dir with a directory you can write")
+
+
+def save_run(result: TrainResult, job_dir: str) -> str:
+    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json last.
+
+    metrics.json is written last on purpose: its presence marks a finished run. A gs:// job dir is
+    written locally first, then uploaded.
+    """
+    local = Path(tempfile.mkdtemp(prefix="nli-run-")) if job_dir.startswith("gs://") else Path(job_dir)
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "metrics.json").unlink(missing_ok=True)
+    result.model.save_pretrained(local, safe_serialization=True)
+    result.tokenizer.save_pretrained(local)
+    (local / "train_config.json").write_text(result.config.to_json() + "\n")
+    with open(local / "history.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in result.history)
+    tmp = local / "metrics.json.tmp"
+    tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
+    os.replace(tmp, local / "metrics.json")
+    if job_dir.startswith("gs://"):
+        from . import storage
+
+        storage.upload(local, job_dir)
+    result.output_dir = job_dir
+    return job_dir
+
+
+def run_training(cfg: TrainConfig, *, verbose: bool = True) -> TrainResult:
+    """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
+    job_dir = cfg.job_dir or default_job_dir()
+    check_job_dir(job_dir)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
+    splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                             fraction_of_train_data=cfg.fraction_of_train_data,
+                             max_train_samples=cfg.max_train_samples, max_eval_samples=cfg.max_eval_samples)
+    set_seed(cfg.seed)  # the classifier head is initialised in the next line
+    model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
+    if verbose:
+        print(f"data: {splits.report}")
+        print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
+    tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
+    result = train(cfg, model, tokenizer, tokenized, device=device)
+    save_run(result, job_dir)
+    if verbose:
+        print(f"done in {result.metrics['train']['seconds']:.0f}s "
+              f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
+              f"{summary_line({k: v for k, v in result.metrics.items() if k.startswith('validation')})}")
+        print(f"saved to {job_dir}")
+    return result

@@ -1,0 +1,90 @@
+import dataclasses
+
+import pytest
+
+from nli_helpers.config import PROFILE_DEFAULTS, ConfigError, TrainConfig, make_config, resolve_profile
+from nli_helpers.task import build_parser, config_from_args
+
+
+def test_every_field_has_help_text():
+    for f in dataclasses.fields(TrainConfig):
+        assert len(f.metadata.get("help", "")) > 10, f.name
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"learning_rate": 0}, "learning_rate=0 must be > 0"),
+    ({"learning_rate": -1e-5}, "learning_rate=-1e-05 must be > 0"),
+    ({"batch_size": 0}, "batch_size=0 must be a positive integer"),
+    ({"fraction_of_train_data": 0}, "fraction_of_train_data=0 must be a fraction in (0, 1]"),
+    ({"fraction_of_train_data": 1.5}, "fraction_of_train_data=1.5 must be a fraction in (0, 1]"),
+    ({"eval_fraction": 0}, "eval_fraction=0 must be a fraction"),
+    ({"profile": "huge"}, "profile='huge' is unknown"),
+    ({"precision": "fp8"}, "precision='fp8' is unknown"),
+    ({"batch_size": 30, "grad_accum_steps": 4}, "must be divisible by grad_accum_steps=4"),
+    ({"warmup_ratio": 1.0}, "warmup_ratio=1.0 must be in [0, 1)"),
+    ({"max_train_samples": 0}, "max_train_samples=0 must be a positive integer"),
+])
+def test_invalid_values_raise_one_clear_error(bad, fragment):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**bad)
+    assert fragment in str(err.value)
+
+
+def test_all_problems_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(learning_rate=0, batch_size=0)
+    assert "learning_rate" in str(err.value) and "batch_size" in str(err.value)
+
+
+def test_profiles_fill_defaults_and_overrides_win(monkeypatch):
+    monkeypatch.delenv("NLI_REAL_DATA", raising=False)
+    smoke = make_config("smoke")
+    assert (smoke.profile, smoke.model_name, smoke.data) == ("smoke", "minilm-l6", "sample")
+    full = make_config("full", learning_rate=3e-5)
+    assert full.model_name == "roberta-base" and full.data == "nyu-mll/multi_nli"
+    assert full.learning_rate == 3e-5 and full.epochs == PROFILE_DEFAULTS["full"]["epochs"]
+
+
+def test_smoke_uses_real_data_file_when_named(monkeypatch):
+    monkeypatch.setenv("NLI_REAL_DATA", "/data/dev.jsonl")
+    assert make_config("smoke").data == "/data/dev.jsonl"
+    assert make_config("smoke", data="other.csv").data == "other.csv"
+
+
+def test_auto_chooses_smoke_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    name, why = resolve_profile("auto")
+    assert name == "smoke" and "no CUDA GPU" in why
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ConfigError, match="unknown TrainConfig field.*learnin_rate"):
+        make_config("smoke", learnin_rate=1)
+
+
+def test_cli_args_round_trip_through_the_parser():
+    cfg = make_config("full", batch_size=16, group_by_length=False, max_train_samples=100, job_dir="gs://b/x")
+    again = config_from_args(cfg.to_cli_args())
+    assert dataclasses.replace(again, progress=cfg.progress) == cfg
+
+
+def test_parser_has_every_field_and_the_old_recipe_flags():
+    parser = build_parser()
+    options = {o for a in parser._actions for o in a.option_strings}
+    for name in TrainConfig.field_names():
+        assert f"--{name}" in options and f"--{name.replace('_', '-')}" in options
+    old = ["--batch_size", "--epochs", "--log_every", "--learning_rate", "--fraction_of_train_data",
+           "--seed", "--weight-decay", "--job-dir", "--model-name"]
+    assert set(old) <= options
+
+
+def test_old_recipe_flags_parse_into_the_config():
+    cfg = config_from_args(["--profile", "smoke", "--batch_size", "16", "--epochs", "2", "--log_every", "5",
+                            "--learning_rate", "3e-5", "--fraction_of_train_data", "0.5", "--seed", "7",
+                            "--weight-decay", "0.1", "--job-dir", "out", "--model-name", "tiny-random"])
+    assert (cfg.batch_size, cfg.epochs, cfg.log_every, cfg.learning_rate, cfg.fraction_of_train_data,
+            cfg.seed, cfg.weight_decay, cfg.job_dir, cfg.model_name) == (16, 2, 5, 3e-5, 0.5, 7, 0.1, "out",
+                                                                         "tiny-random")

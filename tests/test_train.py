@@ -1,0 +1,84 @@
+"""The loop on the bundled sample: loss falls, the export reloads, predictions survive the round trip."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from nli_helpers.config import ConfigError, make_config
+from nli_helpers.model import predict
+from nli_helpers.train import resolve_precision, run_training
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "job"
+    cfg = make_config("smoke", data="sample", epochs=3, batch_size=16, log_every=5, job_dir=str(out),
+                      progress=False)
+    return run_training(cfg, verbose=False), out
+
+
+def test_loss_falls_and_history_is_complete(smoke_run):
+    result, out = smoke_run
+    losses = [row["loss"] for row in result.history]
+    assert len(losses) == result.metrics["train"]["steps"]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.05
+    lrs = [row["lr"] for row in result.history]
+    assert max(lrs) == pytest.approx(1e-4, rel=1e-6) and lrs[-1] < lrs[len(lrs) // 2]  # warmup then decay
+    assert any("examples_per_s" in row for row in result.history)
+    saved = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert saved == result.history
+
+
+def test_every_validation_split_is_scored(smoke_run):
+    result, _ = smoke_run
+    for split in ("validation_matched", "validation_mismatched"):
+        scores = result.metrics[split]
+        assert scores["n"] == sum(map(sum, scores["confusion_matrix"]))
+        assert 0 <= scores["accuracy"] <= 1 and "per_genre" in scores
+    assert len(result.metrics["eval_history"]) == 3  # once per epoch
+
+
+def test_export_reloads_and_predicts_like_the_in_memory_model(smoke_run):
+    result, out = smoke_run
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["validation_matched"]["accuracy"] == result.metrics["validation_matched"]["accuracy"]
+    assert json.loads((out / "train_config.json").read_text())["learning_rate"] == 1e-4
+    reloaded = AutoModelForSequenceClassification.from_pretrained(out)
+    assert reloaded.config.id2label[2] == "contradiction"
+    pairs = [("A man is playing a guitar on stage.", "A man is performing music."),
+             ("A man is playing a guitar on stage.", "Nobody is playing an instrument."),
+             ("The museum opens at nine.", "The museum is popular with tourists.")]
+    in_memory = predict(pairs, model=result.model.cpu().float(), tokenizer=result.tokenizer)
+    from_disk = predict(pairs, out)
+    assert [p["label"] for p in in_memory] == [p["label"] for p in from_disk]
+    for a, b in zip(in_memory, from_disk):
+        assert a["probs"] == pytest.approx(b["probs"], abs=1e-5)
+
+
+def test_same_seed_same_run(tmp_path, tiny_model_dir):
+    def losses(name):
+        cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
+                          job_dir=str(tmp_path / name), progress=False, log_every=1)
+        return [r["loss"] for r in run_training(cfg, verbose=False).history]
+
+    assert losses("a") == losses("b")
+
+
+def test_eval_every_adds_evaluations(tmp_path, tiny_model_dir):
+    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
+                      eval_every=3, job_dir=str(tmp_path / "e"), progress=False)
+    steps = [row["step"] for row in run_training(cfg, verbose=False).metrics["eval_history"]]
+    assert steps == [3, 6, 8]
+
+
+def test_gpu_only_precision_on_a_cpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+        resolve_precision("fp16", torch.device("cpu"))
+    assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
+    assert resolve_precision("auto", torch.device("cpu")) in ("bf16", "fp32")
