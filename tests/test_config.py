@@ -47,8 +47,12 @@ def test_profiles_fill_defaults_and_overrides_win(monkeypatch):
 
 def test_smoke_uses_real_data_file_when_named(monkeypatch):
     monkeypatch.setenv("NLI_REAL_DATA", "/data/dev.jsonl")
-    assert make_config("smoke").data == "/data/dev.jsonl"
+    real = make_config("smoke")
+    assert real.data == "/data/dev.jsonl"
+    assert (real.epochs, real.batch_size) == (1, 32)  # one epoch over thousands of pairs
     assert make_config("smoke", data="other.csv").data == "other.csv"
+    sample = make_config("smoke", data="sample", epochs=2)
+    assert (sample.data, sample.epochs, sample.batch_size) == ("sample", 2, 16)
 
 
 def test_auto_chooses_smoke_without_a_gpu():

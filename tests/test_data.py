@@ -142,9 +142,9 @@ def test_tokenised_once_truncated_never_padded(sample_splits, tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenized = tokenize_splits(sample_splits, tok, max_length=16)
+    tokenized = tokenize_splits(sample_splits, tok, max_length=32)
     lengths = tokenized["train"]["length"]
-    assert max(lengths) == 16 and min(lengths) < 16
+    assert max(lengths) == 32 and min(lengths) < 32
     assert [len(x) for x in tokenized["train"]["input_ids"]] == lengths
     assert tok.pad_token_id not in sum(tokenized["train"]["input_ids"], [])
 

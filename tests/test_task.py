@@ -17,7 +17,7 @@ def test_help_lists_every_field_with_its_help():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--learning_rate", "0"], "learning_rate=0 must be > 0"),
+    (["--learning_rate", "0"], "learning_rate=0.0 must be > 0"),
     (["--batch_size", "0"], "batch_size=0 must be a positive integer"),
     (["--fraction_of_train_data", "1.5"], "must be a fraction in (0, 1]"),
     (["--data", "no/such/file.jsonl"], "data file no/such/file.jsonl does not exist"),

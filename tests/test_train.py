@@ -15,8 +15,7 @@ from nli_helpers.train import resolve_precision, run_training
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "job"
-    cfg = make_config("smoke", data="sample", epochs=3, batch_size=16, log_every=5, job_dir=str(out),
-                      progress=False)
+    cfg = make_config("smoke", data="sample", log_every=5, job_dir=str(out), progress=False)
     return run_training(cfg, verbose=False), out
 
 
@@ -24,9 +23,9 @@ def test_loss_falls_and_history_is_complete(smoke_run):
     result, out = smoke_run
     losses = [row["loss"] for row in result.history]
     assert len(losses) == result.metrics["train"]["steps"]
-    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.05
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2
     lrs = [row["lr"] for row in result.history]
-    assert max(lrs) == pytest.approx(1e-4, rel=1e-6) and lrs[-1] < lrs[len(lrs) // 2]  # warmup then decay
+    assert max(lrs) == pytest.approx(result.config.learning_rate, rel=1e-6) and lrs[-1] < lrs[len(lrs) // 2]  # warmup then decay
     assert any("examples_per_s" in row for row in result.history)
     saved = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert saved == result.history
@@ -38,7 +37,7 @@ def test_every_validation_split_is_scored(smoke_run):
         scores = result.metrics[split]
         assert scores["n"] == sum(map(sum, scores["confusion_matrix"]))
         assert 0 <= scores["accuracy"] <= 1 and "per_genre" in scores
-    assert len(result.metrics["eval_history"]) == 3  # once per epoch
+    assert len(result.metrics["eval_history"]) == result.config.epochs  # once per epoch
 
 
 def test_export_reloads_and_predicts_like_the_in_memory_model(smoke_run):
@@ -46,7 +45,7 @@ def test_export_reloads_and_predicts_like_the_in_memory_model(smoke_run):
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["validation_matched"]["accuracy"] == result.metrics["validation_matched"]["accuracy"]
-    assert json.loads((out / "train_config.json").read_text())["learning_rate"] == 1e-4
+    assert json.loads((out / "train_config.json").read_text())["learning_rate"] == result.config.learning_rate
     reloaded = AutoModelForSequenceClassification.from_pretrained(out)
     assert reloaded.config.id2label[2] == "contradiction"
     pairs = [("A man is playing a guitar on stage.", "A man is performing music."),
