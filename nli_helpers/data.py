@@ -20,9 +20,9 @@ import hashlib
 import logging
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -274,8 +274,10 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
 
     Each epoch: shuffle all indices (seed + epoch), cut them into mega-batches of
     `batch_size * mega_batches` examples, sort each mega-batch by length, cut it into batches and
-    shuffle the batches. With `num_replicas > 1` each rank takes every `num_replicas`-th batch
-    (trailing batches that cannot be shared evenly are dropped so every rank steps together).
+    shuffle the batches. With `num_replicas > 1` the batches are global (`batch_size *
+    num_replicas` examples) and each rank takes its interleaved share of every one, so N processes
+    see exactly the examples one process would at N times the batch size; every rank draws the
+    same permutation (same seed), so no communication is needed.
     """
 
     def __init__(self, lengths: list[int] | np.ndarray, batch_size: int, *, seed: int = 0,
@@ -288,25 +290,32 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def batches(self) -> list[np.ndarray]:
+    def global_batches(self) -> list[np.ndarray]:
+        """This epoch's batches of `batch_size * num_replicas` examples, the same on every rank."""
         rng = np.random.default_rng(self.seed + self.epoch)
         order = rng.permutation(len(self.lengths))
+        size = self.batch_size * self.num_replicas
         if self.group:
-            size = self.batch_size * self.mega
-            chunks = [order[i:i + size] for i in range(0, len(order), size)]
+            mega = size * self.mega
+            chunks = [order[i:i + mega] for i in range(0, len(order), mega)]
             order = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks])
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches = [order[i:i + size] for i in range(0, len(order), size)]
         if self.group:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        usable = len(batches) - len(batches) % self.num_replicas
-        return batches[self.rank:usable:self.num_replicas]
+        # A last batch too small to give every rank an example is dropped, so all ranks step together.
+        return [b for b in batches if len(b) >= self.num_replicas]
+
+    def batches(self) -> list[np.ndarray]:
+        """This rank's share of every global batch."""
+        return [b[self.rank::self.num_replicas] for b in self.global_batches()]
 
     def __iter__(self) -> Iterator[list[int]]:
         return (b.tolist() for b in self.batches())
 
     def __len__(self) -> int:
-        n = -(-len(self.lengths) // self.batch_size)
-        return n // self.num_replicas
+        size = self.batch_size * self.num_replicas
+        n = len(self.lengths)
+        return n // size + (n % size >= self.num_replicas)
 
 
 def padding_stats(lengths: list[int] | np.ndarray, batches: list[np.ndarray]) -> dict[str, float]:

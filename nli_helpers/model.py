@@ -14,9 +14,9 @@ classes, so any encoder on the hub is one argument away. The label maps always f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -55,7 +55,9 @@ def tiny_random_path() -> Path:
     wordpiece.save_model(str(out))
     BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True).save_pretrained(out)
     config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=128, max_position_embeddings=512)
+                        num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
+                        # No dropout: runs that should match (1 vs 2 processes, resume) match exactly.
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(out)
     return out

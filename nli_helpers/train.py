@@ -28,6 +28,16 @@ from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmu
 
 from .config import ConfigError, NLIError, TrainConfig
 from .data import LengthGroupedBatchSampler, load_nli_splits, tokenize_splits
+from .distributed import (
+    SINGLE_PROCESS,
+    DistInfo,
+    all_gather_objects,
+    all_reduce_sum,
+    barrier,
+    device_for,
+    init_distributed,
+    shutdown_distributed,
+)
 from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters, load_model_and_tokenizer
 
@@ -97,43 +107,59 @@ def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device,
 
 @torch.inference_mode()
 def evaluate(model, dataset, collator, device: torch.device, precision: str = "fp32",
-             batch_size: int = 128) -> tuple[dict, np.ndarray]:
+             batch_size: int = 128, info: DistInfo = SINGLE_PROCESS) -> tuple[dict, np.ndarray]:
     """Scores on a tokenised split and the predicted label ids in the split's order.
 
     Batches are formed in length order (far less padding), then predictions are put back in place,
-    so every example counts exactly once.
+    so every example counts exactly once. Under DDP each rank predicts an interleaved share and the
+    shares are gathered: no example is padded in or counted twice.
     """
     model.eval()
     lengths = np.asarray(dataset["length"])
-    order = np.argsort(lengths, kind="stable")
+    order = np.argsort(lengths, kind="stable")[info.rank::info.world_size]
     inputs = dataset.remove_columns([c for c in ("genre", "length", "label") if c in dataset.column_names])
-    preds = np.empty(len(dataset), dtype=np.int64)
+    preds = np.full(len(dataset), -1, dtype=np.int64)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         batch = {k: v.to(device, non_blocking=True) for k, v in collator(inputs[idx.tolist()]).items()}
         with autocast(precision, device):
             logits = model(**batch).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
+    if info.enabled:
+        for rank_order, rank_preds in all_gather_objects((order, preds[order]), info):
+            preds[rank_order] = rank_preds
+    assert (preds >= 0).all(), "every example is predicted exactly once"
     labels = np.asarray(dataset["label"])
     genres = dataset["genre"] if "genre" in dataset.column_names else None
     model.train()
     return classification_scores(labels, preds, genres), preds
 
 
-def evaluate_all(model, splits: dict, collator, device, precision, batch_size) -> dict[str, dict]:
-    return {name: evaluate(model, ds, collator, device, precision, batch_size)[0]
+def evaluate_all(model, splits: dict, collator, device, precision, batch_size,
+                 info: DistInfo = SINGLE_PROCESS) -> dict[str, dict]:
+    return {name: evaluate(model, ds, collator, device, precision, batch_size, info)[0]
             for name, ds in splits.items() if name != "train"}
 
 
 # -- the loop ------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None) -> TrainResult:
-    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split."""
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
+          info: DistInfo = SINGLE_PROCESS) -> TrainResult:
+    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split.
+
+    Under torchrun (`info.world_size > 1`) the model is wrapped in DDP; `cfg.batch_size` is per
+    process, so N processes train on the same global batches as one process at N x batch_size.
+    """
+    device = device or device_for(info)
     precision = resolve_precision(cfg.precision, device)
     set_seed(cfg.seed)
     model.to(device).train()
+    net = model
+    if info.enabled:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[info.local_rank] if device.type == "cuda" else None)
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
-    loader = make_train_loader(tokenized["train"], cfg, collator, device)
+    loader = make_train_loader(tokenized["train"], cfg, collator, device,
+                               num_replicas=info.world_size, rank=info.rank)
     steps_per_epoch = max(1, len(loader) // cfg.grad_accum_steps)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     optimizer = build_optimizer(model, cfg, device)
@@ -146,20 +172,25 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device): synced at log time
     window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
     step, micro = 0, 0
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not (cfg.progress and info.is_main),
+               dynamic_ncols=True)
+    log = bar.write if info.is_main else (lambda *_: None)
     start = time.perf_counter()
     epoch = 0
     while step < total_steps:
         loader.batch_sampler.set_epoch(epoch)
         for batch in loader:
-            window["examples"] += len(batch["labels"])
-            window["tokens"] += int(batch["attention_mask"].sum())  # a CPU tensor: no device sync
+            window["examples"] += len(batch["labels"]) * info.world_size
+            window["tokens"] += int(batch["attention_mask"].sum()) * info.world_size  # CPU tensor: no sync
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with autocast(precision, device):
-                loss = model(**batch).loss / cfg.grad_accum_steps
-            scaler.scale(loss).backward()
             micro += 1
-            if micro % cfg.grad_accum_steps:
+            accumulating = micro % cfg.grad_accum_steps != 0
+            # DDP all-reduces gradients on every backward unless told not to: only on the last micro-batch.
+            with (net.no_sync() if info.enabled and accumulating else contextlib.nullcontext()):
+                with autocast(precision, device):
+                    loss = net(**batch).loss / cfg.grad_accum_steps
+                scaler.scale(loss).backward()
+            if accumulating:
                 continue
             if cfg.max_grad_norm > 0:
                 scaler.unscale_(optimizer)
@@ -173,18 +204,18 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             pending.append((step, lr, loss.detach() * cfg.grad_accum_steps))
             bar.update(1)
             if step % cfg.log_every == 0 or step == total_steps:
-                _flush(history, pending, window, epoch + micro / len(loader), bar)
+                _flush(history, pending, window, epoch + micro / len(loader), bar, info)
             if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
                 eval_history.append(_eval_row(step, epoch, evaluate_all(model, evals, collator, device,
-                                                                        precision, cfg.eval_batch_size)))
+                                                                        precision, cfg.eval_batch_size, info)))
             if step >= total_steps:
                 break
         epoch += 1
         micro = 0
         if step < total_steps or not eval_history or eval_history[-1]["step"] != step:
-            scores = evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size)
+            scores = evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size, info)
             eval_history.append(_eval_row(step, epoch, scores))
-            bar.write(f"epoch {epoch} step {step}: {summary_line(scores)}")
+            log(f"epoch {epoch} step {step}: {summary_line(scores)}")
     bar.close()
     train_seconds = time.perf_counter() - start
     final = {k: v for k, v in eval_history[-1].items() if k not in ("step", "epoch")}
@@ -192,7 +223,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     metrics = {
         **final,
         "train": {"steps": step, "epochs": cfg.epochs, "seconds": train_seconds,
-                  "examples_per_s": step * cfg.batch_size / train_seconds,
+                  "examples_per_s": step * cfg.batch_size * info.world_size / train_seconds,
+                  "processes": info.world_size,
                   "examples": len(tokenized["train"]), "mean_tokens": train_tokens / len(tokenized["train"]),
                   "final_loss": history[-1]["loss"] if history else None},
         "majority_baseline": {k: majority_baseline(v["label"]) for k, v in evals.items()},
@@ -202,11 +234,16 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     return TrainResult(model, tokenizer, cfg, metrics, history)
 
 
-def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar) -> None:
-    """Turn the losses kept on the device into numbers: one host sync per log interval."""
+def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar, info: DistInfo = SINGLE_PROCESS) -> None:
+    """Turn the losses kept on the device into numbers: one host sync per log interval.
+
+    Under DDP the per-step losses are averaged over ranks (equal shares of one global batch), so the
+    logged loss is the global batch's mean loss, never a sum.
+    """
     if not pending:
         return
-    losses = torch.stack([p[2] for p in pending]).float().cpu().tolist()
+    losses = all_reduce_sum(torch.stack([p[2] for p in pending]).float(), info) / info.world_size
+    losses = losses.cpu().tolist()
     now = time.perf_counter()
     seconds = max(now - window["t"], 1e-9)
     ex_s, tok_s = window["examples"] / seconds, window["tokens"] / seconds
@@ -271,7 +308,9 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True) -> TrainResult:
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = init_distributed()
+    verbose = verbose and info.is_main
+    device = device_for(info)
     precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                              fraction_of_train_data=cfg.fraction_of_train_data,
@@ -282,8 +321,13 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True) -> TrainResult:
         print(f"data: {splits.report}")
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
-    result = train(cfg, model, tokenizer, tokenized, device=device)
-    save_run(result, job_dir)
+    try:
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info)
+        if info.is_main:  # one writer: every rank holds the same weights
+            save_run(result, job_dir)
+        barrier(info)
+    finally:
+        shutdown_distributed()
     if verbose:
         print(f"done in {result.metrics['train']['seconds']:.0f}s "
               f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "

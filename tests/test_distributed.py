@@ -1,0 +1,105 @@
+"""Multi-worker training: CLUSTER_SPEC parsing, the torchrun command, and a real 2-process gloo run."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from nli_helpers.distributed import DistributedError, cluster_layout, torchrun_command
+
+
+def spec(task_type, index=0, workers=0, reducers=0):
+    cluster = {"workerpool0": ["chief-0:2222"]}
+    if workers:
+        cluster["workerpool1"] = [f"worker-{i}:2222" for i in range(workers)]
+    if reducers:
+        cluster["workerpool2"] = [f"reducer-{i}:2222" for i in range(reducers)]
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index},
+                       "environment": "cloud", "job": "{}"})
+
+
+def test_chief_only():
+    layout = cluster_layout(spec("workerpool0"))
+    assert (layout.nnodes, layout.node_rank, layout.master_addr, layout.master_port, layout.role) == (
+        1, 0, "chief-0", 2222, "chief")
+
+
+def test_chief_and_workers_number_nodes_chief_first():
+    assert cluster_layout(spec("workerpool0", workers=3)).node_rank == 0
+    layout = cluster_layout(spec("workerpool1", index=2, workers=3))
+    assert (layout.nnodes, layout.node_rank, layout.master_addr, layout.role) == (4, 3, "chief-0", "worker")
+
+
+def test_reduction_servers_are_not_torch_nodes():
+    assert cluster_layout(spec("workerpool1", index=0, workers=1, reducers=4)).nnodes == 2
+    assert cluster_layout(spec("workerpool2", index=1, workers=1, reducers=4)).role == "reduction_server"
+
+
+def test_no_cluster_spec_is_one_node_and_bad_spec_is_an_error():
+    assert cluster_layout(None, env={}).nnodes == 1
+    with pytest.raises(DistributedError, match="CLUSTER_SPEC is malformed"):
+        cluster_layout('{"cluster": {}}')
+
+
+def test_torchrun_command_line():
+    layout = cluster_layout(spec("workerpool1", index=0, workers=1))
+    cmd = torchrun_command(layout, 4, ["--profile", "full"], rendezvous_timeout_s=900)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    for arg in ("--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--master-addr=chief-0",
+                "--master-port=2222", "--rdzv-conf=timeout=900"):
+        assert arg in cmd
+    assert cmd[-4:] == ["--module", "nli_helpers.task", "--profile", "full"]
+
+
+def test_launcher_dry_run_reads_cluster_spec_and_refuses_reduction_servers():
+    env = {**os.environ, "CLUSTER_SPEC": spec("workerpool1", index=0, workers=2)}
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.launch", "--dry-run", "--", "--epochs", "1"],
+                         capture_output=True, text=True, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "worker node 1/3" in run.stdout and "--nproc-per-node=1" in run.stdout
+    env["CLUSTER_SPEC"] = spec("workerpool2", workers=2, reducers=1)
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.launch", "--dry-run"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    assert run.returncode == 2 and "Reduction Server pool" in run.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_args(job_dir, batch_size, model_dir):
+    return ["--profile", "smoke", "--data", "sample", "--model-name", model_dir, "--epochs", "2",
+            "--batch_size", str(batch_size), "--max_train_samples", "96", "--log_every", "1",
+            "--precision", "fp32", "--no-progress", "--job-dir", str(job_dir)]
+
+
+def read_run(job_dir):
+    history = [json.loads(line) for line in (job_dir / "history.jsonl").read_text().splitlines()]
+    return history, json.loads((job_dir / "metrics.json").read_text())
+
+
+def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path, tiny_model_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "nli_helpers.task", *train_args(tmp_path / "one", 8, tiny_model_dir)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          f"--master-port={free_port()}", "--module", "nli_helpers.task",
+                          *train_args(tmp_path / "two", 4, tiny_model_dir)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    (h1, m1), (h2, m2) = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert [r["step"] for r in h1] == [r["step"] for r in h2]
+    assert [r["loss"] for r in h2] == pytest.approx([r["loss"] for r in h1], abs=2e-4)  # mean, not 2x
+    for split in ("validation_matched", "validation_mismatched"):
+        assert m2[split]["n"] == m1[split]["n"] == sum(map(sum, m1[split]["confusion_matrix"]))
+        assert m2[split]["confusion_matrix"] == m1[split]["confusion_matrix"]
+        assert m2[split]["accuracy"] == m1[split]["accuracy"]
+    assert m2["train"]["processes"] == 2
+    assert two.stdout.count("epoch 1 step") == 1  # only rank 0 logs
