@@ -8,7 +8,7 @@ and per-genre accuracy when the split has genres.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support

@@ -1,12 +1,11 @@
 """environment.yml, pyproject.toml and constraints.txt must tell the same story."""
 
 import re
+
 import tomllib
-
 import yaml
-from packaging.requirements import Requirement
-
 from conftest import ROOT
+from packaging.requirements import Requirement
 
 
 def canonical(name: str) -> str:

@@ -1,0 +1,411 @@
+"""Run the trainer on Vertex AI: build the job from a `TrainConfig`, check it, submit it, watch it, fetch its outputs.
+
+The job runs `python -m nli_helpers.task` with `cfg.to_cli_args()`, on one of two kinds of worker:
+
+* python package on a prebuilt PyTorch training container: `build_sdist()` -> `stage_package()` ->
+  `python_package_worker_pools(cfg, machine, package_uri)`; the image is chosen from `PREBUILT_PYTORCH_IMAGES`
+  to match your torch, and there is none for a torch newer than the table: then use
+* a custom container built from docker/Dockerfile (torch exactly as constraints.txt pins it):
+  `container_worker_pools(cfg, machine, image_uri)`.
+
+    >>> machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1)
+    >>> init_vertex("my-project", "us-central1", "gs://my-staging-bucket")
+    >>> pools = container_worker_pools(make_config("full"), machine, "us-central1-docker.pkg.dev/my-project/nli/trainer:1")
+    >>> preflight(region="us-central1", staging_bucket="gs://my-staging-bucket", machine=machine, image_uri=...)
+    >>> print(estimate_cost(machine.machine_type, machine.accelerator_type, machine.accelerator_count, hours=3))
+    >>> job = submit_custom_job(pools, base_output_dir="gs://my-staging-bucket/nli-jobs/run-1", spot=True)
+    >>> watch_job(job)                          # progress until it ends; raises JobFailedError with the logs link
+    >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
+
+Vertex gives the job base_output_dir/model/, /checkpoints/ and /logs/ as AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
+AIP_TENSORBOARD_LOG_DIR; the job args carry no --job-dir, so the trainer writes to AIP_MODEL_DIR.
+google-cloud-aiplatform is imported only when a function needs it (the trainer image does not carry it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from google.api_core import exceptions as api_exceptions
+from google.auth.exceptions import GoogleAuthError
+
+from nli_helpers import storage
+from nli_helpers.config import NLIError, TrainConfig
+from nli_helpers.pricing import CostEstimate, accelerator_problem, estimate_cost
+
+if TYPE_CHECKING:
+    from google.cloud.aiplatform import CustomJob
+
+__all__ = ["Machine", "Check", "VertexError", "PreflightError", "JobFailedError", "NoPrebuiltImageError",
+           "build_sdist", "stage_package", "prebuilt_image_uri", "image_torch_version", "torch_minor",
+           "local_torch_version", "bucket_location_check", "job_args", "python_package_worker_pools",
+           "container_worker_pools", "preflight", "estimate_cost", "CostEstimate", "init_vertex",
+           "submit_custom_job", "watch_job", "logs_url", "fetch_outputs"]
+
+TASK_MODULE = "nli_helpers.task"
+PACKAGE_PREFIX = "nli-packages"
+TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+CREDENTIALS_HELP = ("no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
+                    "Workbench notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS")
+
+# torch major.minor -> (GPU image, CPU-only image, end of availability of the GPU image). Read on 2026-11-22 from
+# IMAGES_SOURCE ("Prebuilt containers for custom training"); 2.4 is the newest PyTorch listed there. Images past
+# their end of availability may be refused: preflight says so.
+IMAGES_SOURCE = ("https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/training/"
+                 "pre-built-containers (was cloud.google.com/vertex-ai/docs/training/pre-built-containers)")
+IMAGES_TABLE_DATE = "2026-11-22"
+PREBUILT_PYTORCH_IMAGES: dict[str, tuple[str, str, str]] = {
+    "2.4": ("pytorch-gpu.2-4.py310", "pytorch-xla.2-4.py310", "2026-07-24"),
+    "2.3": ("pytorch-gpu.2-3.py310", "pytorch-xla.2-3.py310", "2026-04-24"),
+    "2.2": ("pytorch-gpu.2-2.py310", "pytorch-xla.2-2.py310", "2026-01-30"),
+    "2.1": ("pytorch-gpu.2-1.py310", "pytorch-xla.2-1.py310", "2025-10-04"),
+}
+# Multi- and dual-region bucket locations, and the region-name prefixes / regions they contain.
+BUCKET_MULTI_REGIONS = {"US": ("us-", "northamerica-"), "EU": ("europe-",), "ASIA": ("asia-",),
+                        "NAM4": ("us-central1", "us-east1"), "EUR4": ("europe-north1", "europe-west4"),
+                        "ASIA1": ("asia-northeast1", "asia-northeast2")}
+
+
+class VertexError(NLIError):
+    """A Vertex AI step failed in a way the user can fix; the message says how."""
+
+
+class PreflightError(VertexError):
+    """One or more preflight checks failed: the job was not submitted."""
+
+
+class JobFailedError(VertexError):
+    """The job ended FAILED, CANCELLED or EXPIRED."""
+
+
+class NoPrebuiltImageError(VertexError):
+    """No prebuilt PyTorch training image matches this torch version."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What each replica runs on, and how many replicas (the first is the chief)."""
+
+    machine_type: str = "n1-standard-8"
+    accelerator_type: str | None = "NVIDIA_TESLA_T4"
+    accelerator_count: int = 1
+    replica_count: int = 1
+
+    def machine_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"machine_type": self.machine_type}
+        if self.accelerator_type and self.accelerator_count:
+            spec.update(accelerator_type=self.accelerator_type, accelerator_count=self.accelerator_count)
+        return spec
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status.upper():4} {self.name}: {self.message}"
+
+
+# -- the package and the image ---------------------------------------------------------------------------------
+def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | None = None) -> Path:
+    """Run `python -m build --sdist` on the project and return the .tar.gz path."""
+    project = Path(project_dir) if project_dir else Path(__file__).resolve().parents[1]
+    if not (project / "pyproject.toml").is_file():
+        raise VertexError(f"no pyproject.toml in {project}: build_sdist needs the project's source checkout")
+    out = Path(out_dir) if out_dir else project / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(project)],
+                          capture_output=True, text=True)
+    built = re.findall(r"Successfully built (\S+\.tar\.gz)", proc.stdout)
+    if proc.returncode or not built:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise VertexError(f"`python -m build --sdist` failed (is `build` installed? pip install build):\n{tail}")
+    return out / built[-1]
+
+
+def stage_package(sdist: str | Path, staging_bucket: str) -> str:
+    """Upload the sdist under gs://STAGING/nli-packages/<content hash>/ and return its gs:// URI."""
+    sdist = Path(sdist)
+    if not sdist.is_file():
+        raise VertexError(f"package {sdist} does not exist: build it with vertex.build_sdist()")
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()[:12]  # same build, same URI: re-staging is harmless
+    return storage.upload(sdist, f"{staging_bucket.rstrip('/')}/{PACKAGE_PREFIX}/{digest}/{sdist.name}")[0]
+
+
+def torch_minor(version: str) -> str:
+    """'2.13.0+cu130' -> '2.13'."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def local_torch_version() -> str:
+    """The torch you develop and test with here: what the job should run."""
+    return importlib.metadata.version("torch")
+
+
+def registry_host(region: str) -> str:
+    """The Artifact Registry multi-region serving prebuilt images nearest `region`."""
+    if region.startswith(("europe-", "me-", "africa-")):
+        return "europe-docker.pkg.dev"
+    if region.startswith(("asia-", "australia-")):
+        return "asia-docker.pkg.dev"
+    return "us-docker.pkg.dev"
+
+
+def prebuilt_image_uri(torch_version: str, *, gpu: bool = True, region: str = "us-central1") -> str:
+    """The prebuilt Vertex AI PyTorch training image for this torch's major.minor, or NoPrebuiltImageError."""
+    minor = torch_minor(torch_version)
+    if minor not in PREBUILT_PYTORCH_IMAGES:
+        raise NoPrebuiltImageError(
+            f"no prebuilt Vertex AI PyTorch training image for torch {minor} (the table, read {IMAGES_TABLE_DATE} "
+            f"from {IMAGES_SOURCE}, has {', '.join(PREBUILT_PYTORCH_IMAGES)}). Use the custom-container path: build "
+            "docker/Dockerfile (the torch constraints.txt pins) and pass image_uri=...; or pass executor_image_uri "
+            "explicitly to run on that image's older torch, untested")
+    gpu_image, cpu_image, _ = PREBUILT_PYTORCH_IMAGES[minor]
+    return f"{registry_host(region)}/vertex-ai/training/{gpu_image if gpu else cpu_image}:latest"
+
+
+def image_torch_version(image_uri: str) -> str | None:
+    """The torch major.minor of a prebuilt image URI from the table, else None."""
+    name = image_uri.rsplit("/", 1)[-1].split(":")[0]
+    return next((minor for minor, (g, c, _) in PREBUILT_PYTORCH_IMAGES.items() if name in (g, c)), None)
+
+
+# -- worker pools ------------------------------------------------------------------------------------------------
+def job_args(cfg: TrainConfig) -> list[str]:
+    """The trainer's arguments, without --job-dir: on Vertex the trainer writes to AIP_MODEL_DIR."""
+    return dataclasses.replace(cfg, job_dir=None).to_cli_args()
+
+
+def python_package_worker_pools(cfg: TrainConfig, machine: Machine, package_uri: str, *,
+                                executor_image_uri: str | None = None, region: str = "us-central1") -> list[dict]:
+    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the task module."""
+    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=bool(machine.accelerator_type),
+                                                     region=region)
+    return _pools(machine, "python_package_spec", {"executor_image_uri": image, "package_uris": [package_uri],
+                                                   "python_module": TASK_MODULE, "args": job_args(cfg)})
+
+
+def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str) -> list[dict]:
+    """Worker pools that run a custom image whose ENTRYPOINT is `python -m nli_helpers.task` (docker/Dockerfile)."""
+    return _pools(machine, "container_spec", {"image_uri": image_uri, "args": job_args(cfg)})
+
+
+def _pools(machine: Machine, code_key: str, code: dict) -> list[dict]:
+    # Vertex wants exactly one replica in pool 0 (the chief); further replicas go in pool 1.
+    pool = {"machine_spec": machine.machine_spec(), code_key: code}
+    pools = [{**pool, "replica_count": 1}]
+    if machine.replica_count > 1:
+        pools.append({**pool, "replica_count": machine.replica_count - 1})
+    return pools
+
+
+# -- preflight -----------------------------------------------------------------------------------------------------
+def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainConfig | None = None,
+              sdist: str | Path | None = None, executor_image_uri: str | None = None, image_uri: str | None = None,
+              labels: dict[str, str] | None = None, raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
+    """Check a job before it costs money. Python-package path: pass `sdist`; custom container: pass `image_uri`."""
+    checks = [_check_bucket(staging_bucket, region), _check_machine(machine)]
+    if image_uri:
+        checks.append(Check("image/torch", "ok", f"custom container {image_uri}: torch comes from its base image "
+                            "(docker/Dockerfile pins the torch of constraints.txt)"))
+    else:
+        checks.append(_check_sdist(sdist))
+        checks.append(_check_prebuilt_image(executor_image_uri, machine, region))
+    if cfg is not None:
+        checks.append(_check_data(cfg))
+    if labels:
+        checks.append(_check_labels(labels))
+    if verbose:
+        print("\n".join(map(str, checks)))
+    failed = [c for c in checks if c.status == "fail"]
+    if failed and raise_on_failure:
+        raise PreflightError("preflight failed, nothing was submitted:\n  - " + "\n  - ".join(
+            f"{c.name}: {c.message}" for c in failed))
+    return checks
+
+
+def bucket_location_check(location: str, region: str) -> Check:
+    """Is a bucket in `location` usable by a job in `region`? Regional and same: ok; containing multi-region: warn."""
+    loc, name = location.upper(), "bucket location"
+    if loc == region.upper():
+        return Check(name, "ok", f"{loc} is the job's region")
+    create = f"create one there: gcloud storage buckets create gs://BUCKET --location={region}"
+    if region.startswith(BUCKET_MULTI_REGIONS.get(loc, ())):
+        return Check(name, "warn", f"{loc} contains {region}: custom jobs work, but some Vertex services require a "
+                     f"bucket in the job's region; {create}")
+    return Check(name, "fail", f"the bucket is in {loc} but the job runs in {region}: {create}")
+
+
+def _check_bucket(staging_bucket: str, region: str) -> Check:
+    bucket_name, _ = storage.split_gcs_uri(staging_bucket)
+    try:
+        bucket = storage.get_client().lookup_bucket(bucket_name)
+    except (NLIError, api_exceptions.GoogleAPIError, GoogleAuthError) as err:
+        return Check("staging bucket", "fail", f"cannot read gs://{bucket_name}: {err}")
+    if bucket is None:
+        return Check("staging bucket", "fail", f"gs://{bucket_name} does not exist: create it in the job's region "
+                     f"with `gcloud storage buckets create gs://{bucket_name} --location={region}`")
+    where = bucket_location_check(bucket.location or "", region)
+    return dataclasses.replace(where, name="staging bucket", message=f"gs://{bucket_name}: {where.message}")
+
+
+def _check_machine(machine: Machine) -> Check:
+    problem = accelerator_problem(machine.machine_type, machine.accelerator_type, machine.accelerator_count)
+    if problem is None and machine.replica_count < 1:
+        problem = f"replica_count={machine.replica_count} must be >= 1"
+    gpus = f" + {machine.accelerator_count} x {machine.accelerator_type}" if machine.accelerator_type else " (no GPU)"
+    return Check("machine", "fail" if problem else "ok", problem or f"{machine.machine_type}{gpus} "
+                 f"x {machine.replica_count} replica(s)")
+
+
+def _check_sdist(sdist: str | Path | None) -> Check:
+    if sdist is None or not Path(sdist).is_file() or not str(sdist).endswith(".tar.gz"):
+        return Check("package", "fail", f"no built sdist at {sdist}: build it with vertex.build_sdist()")
+    return Check("package", "ok", f"{Path(sdist).name} ({Path(sdist).stat().st_size / 1e3:.0f} kB)")
+
+
+def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, region: str) -> Check:
+    local = torch_minor(local_torch_version())
+    if executor_image_uri is None:
+        try:
+            executor_image_uri = prebuilt_image_uri(local, gpu=bool(machine.accelerator_type), region=region)
+        except NoPrebuiltImageError as err:
+            return Check("image/torch", "fail", str(err))
+    image_torch = image_torch_version(executor_image_uri)
+    if image_torch is None:
+        return Check("image/torch", "warn", f"{executor_image_uri} is not in the prebuilt table: its torch is unknown")
+    end = PREBUILT_PYTORCH_IMAGES[image_torch][2]
+    if end < time.strftime("%Y-%m-%d"):  # warn, not fail: the table may be older than the docs, and Vertex
+        # refuses an unavailable image when the job is created, before it costs anything
+        return Check("image/torch", "warn", f"{executor_image_uri} reached end of availability on {end} by the "
+                     f"table of {IMAGES_TABLE_DATE}: Vertex may refuse it; the custom container (docker/Dockerfile) "
+                     f"avoids this. Image torch {image_torch}, yours {local}")
+    if image_torch != local:
+        return Check("image/torch", "warn", f"the image has torch {image_torch}, you test with {local}: pip keeps the "
+                     "image's torch, so the job runs an untested torch; the custom container matches exactly")
+    return Check("image/torch", "ok", f"{executor_image_uri} has torch {image_torch}, as here")
+
+
+def _check_data(cfg: TrainConfig) -> Check:
+    if cfg.data and not storage.is_gcs_uri(cfg.data) and Path(cfg.data).expanduser().exists():
+        return Check("data", "fail", f"data={cfg.data} is a local path the Vertex worker cannot see: upload it with "
+                     "storage.upload(path, 'gs://BUCKET/data/...') and pass the gs:// URI (or data='sample')")
+    return Check("data", "ok", f"data={cfg.data or 'the profile default'}")
+
+
+def _check_labels(labels: dict[str, str]) -> Check:
+    bad = [k for k, v in labels.items() if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)
+           or not re.fullmatch(r"[a-z0-9_-]{0,63}", v)]
+    if bad:
+        return Check("labels", "fail", f"invalid label(s) {', '.join(bad)}: keys start with a lowercase letter; keys "
+                     "and values use only lowercase letters, digits, '_' and '-', at most 63 characters")
+    return Check("labels", "ok", ", ".join(f"{k}={v}" for k, v in labels.items()))
+
+
+# -- submit, watch, fetch -------------------------------------------------------------------------------------------
+def _aiplatform():
+    try:
+        from google.cloud import aiplatform
+    except ImportError as err:
+        raise VertexError("google-cloud-aiplatform is not installed: pip install 'nli-helpers[vertex]'") from err
+    return aiplatform
+
+
+def init_vertex(project: str, region: str, staging_bucket: str, *, credentials=None, api_endpoint: str | None = None,
+                api_transport: str = "rest") -> None:
+    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests)."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if credentials is None:
+        try:
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        except DefaultCredentialsError as err:
+            raise VertexError(CREDENTIALS_HELP) from err
+    # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
+    _aiplatform().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
+                       api_endpoint=api_endpoint or f"{region}-aiplatform.googleapis.com", api_transport=api_transport)
+
+
+def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, display_name: str | None = None,
+                      service_account: str | None = None, labels: dict[str, str] | None = None, spot: bool = False,
+                      restart_job_on_worker_restart: bool = False, timeout_s: int | None = None) -> CustomJob:
+    """Create the CustomJob and return at once (watch it with `watch_job`)."""
+    aiplatform = _aiplatform()
+    from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
+
+    strategy = custom_job_types.Scheduling.Strategy.SPOT if spot else None
+    try:
+        job = aiplatform.CustomJob(display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
+                                   worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
+        job.submit(service_account=service_account, restart_job_on_worker_restart=restart_job_on_worker_restart,
+                   scheduling_strategy=strategy, timeout=timeout_s)
+    except GoogleAuthError as err:
+        raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
+    except api_exceptions.PermissionDenied as err:
+        raise VertexError(f"permission denied creating the job: grant your account roles/aiplatform.user (and "
+                          f"iam.serviceAccountUser on {service_account or 'the job service account'}): {err.message}") from err
+    except api_exceptions.GoogleAPICallError as err:
+        raise VertexError(f"Vertex AI refused the job ({err.code}): {err.message}. Is the API enabled? "
+                          "gcloud services enable aiplatform.googleapis.com") from err
+    print(f"submitted {job.resource_name}\nlogs: {logs_url(job)}")
+    return job
+
+
+def logs_url(job: CustomJob) -> str:
+    """The Cloud Logging page with this job's logs."""
+    parts = job.resource_name.split("/")  # projects/P/locations/L/customJobs/ID
+    query = f'resource.type="ml_job"\nresource.labels.job_id="{parts[-1]}"'
+    from urllib.parse import quote
+
+    return f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}?project={parts[1]}"
+
+
+def watch_job(job: CustomJob | str, *, poll_s: float = 30.0, timeout_s: float | None = None,
+              progress: bool = True) -> str:
+    """Poll until the job ends; return its final state, or raise JobFailedError / VertexError on timeout."""
+    from tqdm.auto import tqdm
+
+    if isinstance(job, str):
+        job = _aiplatform().CustomJob.get(job)
+    start, last = time.monotonic(), None
+    with tqdm(total=None, bar_format="{desc} [{elapsed}]", disable=not progress) as bar:
+        while True:
+            state = job.state.name  # each read fetches the job again
+            if state != last:
+                bar.write(f"{job.display_name}: {state}")
+                last = state
+            bar.set_description_str(f"{job.display_name}: {state}")
+            if state in TERMINAL_STATES:
+                break
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s; it keeps running: "
+                                  f"watch_job('{job.resource_name}') again, or cancel it with job.cancel()")
+            time.sleep(poll_s)
+    if state != "JOB_STATE_SUCCEEDED":
+        raise JobFailedError(f"{job.resource_name} ended {state}: {job.error.message or 'no error message'}; "
+                             f"logs: {logs_url(job)}")
+    return state
+
+
+def fetch_outputs(job_or_base_output_dir: CustomJob | str, local_dir: str | Path) -> dict:
+    """Download base_output_dir/model (model, metrics.json, ...) into `local_dir`; return the metrics."""
+    base = job_or_base_output_dir
+    if not isinstance(base, str):
+        base = base.job_spec.base_output_directory.output_uri_prefix
+    model_uri = f"{base.rstrip('/')}/model"
+    if not storage.exists(f"{model_uri}/metrics.json"):
+        raise VertexError(f"no metrics.json under {model_uri}: the job did not finish training; see its logs")
+    storage.download(model_uri, local_dir)
+    return json.loads((Path(local_dir) / "metrics.json").read_text())

@@ -1,0 +1,300 @@
+"""Vertex AI jobs through the real aiplatform SDK, against tests/fake_vertex.py and the Cloud Storage emulator.
+
+Request bodies are asserted as the fake received them (enums as integers, int64 as strings); the end-to-end
+tests run the whole path: build -> stage -> submit -> run (the fake runs the chief replica) -> watch -> fetch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
+
+from nli_helpers import pricing, storage, vertex
+from nli_helpers.config import make_config
+from nli_helpers.task import config_from_args
+from nli_helpers.vertex import Machine
+
+# Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
+# test_packaging, as is the container venv under them).
+pytest_plugins = ["tests.fake_vertex"]
+
+PROJECT, REGION = "test-project", "us-central1"
+IMAGE_2_4 = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+TINY_JOB = {"data": "sample", "model_name": "tiny-random", "max_train_samples": 64, "epochs": 1}
+
+
+def _init(fake, bucket: str) -> None:
+    vertex.init_vertex(PROJECT, REGION, f"gs://{bucket}", credentials=AnonymousCredentials(),
+                       api_endpoint=fake.endpoint)
+
+
+# -- job args, worker pools, tables --------------------------------------------------------------------------
+def test_job_args_rebuild_the_config_without_job_dir():
+    cfg = make_config("smoke", job_dir="gs://somewhere/else", batch_size=16, learning_rate=3e-5,
+                      group_by_length=False, max_train_samples=64)
+    args = vertex.job_args(cfg)
+    assert not any(a.startswith(("--job_dir", "--job-dir")) for a in args)
+    rebuilt = config_from_args(args)  # what `python -m nli_helpers.task ARGS` will run with
+    assert rebuilt.to_dict() == {**cfg.to_dict(), "job_dir": None}
+
+
+def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
+    cfg = make_config("smoke", **TINY_JOB)
+    pools = vertex.container_worker_pools(cfg, Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2, replica_count=3),
+                                          "gcr.io/p/trainer:1")
+    assert [p["replica_count"] for p in pools] == [1, 2]
+    for pool in pools:
+        assert pool["machine_spec"] == {"machine_type": "n1-standard-8", "accelerator_type": "NVIDIA_TESLA_T4",
+                                        "accelerator_count": 2}
+        assert pool["container_spec"] == {"image_uri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}
+
+
+@pytest.mark.parametrize("torch_version, gpu, region, image", [
+    ("2.4.1+cu121", True, "us-central1", "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"),
+    ("2.3.0", True, "europe-west4", "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-3.py310:latest"),
+    ("2.2.2", False, "asia-northeast1", "asia-docker.pkg.dev/vertex-ai/training/pytorch-xla.2-2.py310:latest"),
+])
+def test_prebuilt_image_matches_the_torch_minor_version(torch_version, gpu, region, image):
+    assert vertex.prebuilt_image_uri(torch_version, gpu=gpu, region=region) == image
+    assert vertex.image_torch_version(image) == vertex.torch_minor(torch_version)
+
+
+def test_no_prebuilt_image_for_the_pinned_torch_points_to_the_custom_container():
+    pinned = vertex.local_torch_version()  # 2.13 here: newer than any prebuilt PyTorch training image
+    with pytest.raises(vertex.NoPrebuiltImageError, match="custom-container path: build docker/Dockerfile"):
+        vertex.prebuilt_image_uri(pinned)
+    with pytest.raises(vertex.NoPrebuiltImageError):  # the default image lookup of the python-package path
+        vertex.python_package_worker_pools(make_config("smoke"), Machine(), "gs://b/p.tar.gz")
+
+
+@pytest.mark.parametrize("machine, gpu, count, problem", [
+    ("n1-standard-8", "NVIDIA_TESLA_T4", 1, None),
+    ("n1-standard-8", "NVIDIA_TESLA_V100", 8, None),
+    ("n1-standard-8", None, 0, None),
+    ("a2-highgpu-2g", "NVIDIA_TESLA_A100", 2, None),
+    ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, None),
+    ("g2-standard-24", "NVIDIA_L4", 2, None),
+    ("a2-highgpu-1g", "NVIDIA_TESLA_T4", 1, 'comes with 1 x NVIDIA_TESLA_A100 attached'),
+    ("a3-highgpu-8g", "NVIDIA_H100_80GB", 1, "accelerator_count=8"),
+    ("g2-standard-8", None, 0, 'use accelerator_type="NVIDIA_L4"'),
+    ("n1-standard-8", "NVIDIA_L4", 1, "n1-* machines take"),
+    ("n1-standard-8", "NVIDIA_TESLA_T4", 3, "counts of 1, 2, 4, not 3"),
+    ("e2-standard-8", "NVIDIA_TESLA_T4", 1, "cannot take a NVIDIA_TESLA_T4"),
+])
+def test_accelerator_must_fit_the_machine_type(machine, gpu, count, problem):
+    found = pricing.accelerator_problem(machine, gpu, count)
+    assert found is None if problem is None else problem in found
+
+
+def test_cost_estimate_multiplies_the_table_prices():
+    est = vertex.estimate_cost("n1-standard-8", "NVIDIA_TESLA_T4", 2, replica_count=3, hours=2)
+    per_replica = pricing.MACHINE_PRICES_PER_HOUR["n1-standard-8"] + 2 * pricing.ACCELERATOR_PRICES_PER_HOUR[
+        "NVIDIA_TESLA_T4"]
+    assert est.per_hour == pytest.approx(3 * per_replica)
+    assert est.total == pytest.approx(6 * per_replica)
+    # Worked by hand from the table's $0.4370 and $0.4025: (0.437 + 2 x 0.4025) x 3 replicas x 2 h = 7.452
+    assert est.total == pytest.approx(7.452)
+    text = str(est)
+    assert "about $7.45 = " in text and "approximate" in text and pricing.PRICE_SOURCE in text and pricing.PRICE_TABLE_DATE in text
+    cpu_only = vertex.estimate_cost("n1-standard-4", hours=10)
+    assert cpu_only.total == pytest.approx(10 * pricing.MACHINE_PRICES_PER_HOUR["n1-standard-4"])
+
+
+def test_cost_estimate_refuses_what_the_table_does_not_price():
+    with pytest.raises(pricing.PricingError, match="no price for machine type 'a3-highgpu-8g'.*cloud.google.com"):
+        vertex.estimate_cost("a3-highgpu-8g", "NVIDIA_H100_80GB", 8)
+    with pytest.raises(pricing.PricingError, match="no price for accelerator 'NVIDIA_TESLA_K80'"):
+        vertex.estimate_cost("n1-standard-8", "NVIDIA_TESLA_K80", 1)
+
+
+@pytest.mark.parametrize("location, region, status", [
+    ("US-CENTRAL1", "us-central1", "ok"),
+    ("us-central1", "us-central1", "ok"),
+    ("US", "us-central1", "warn"),
+    ("EU", "europe-west4", "warn"),
+    ("NAM4", "us-central1", "warn"),
+    ("US", "europe-west4", "fail"),
+    ("EUROPE-WEST4", "us-central1", "fail"),
+])
+def test_bucket_location_must_suit_the_job_region(location, region, status):
+    check = vertex.bucket_location_check(location, region)
+    assert check.status == status
+    if status == "fail":
+        assert f"gcloud storage buckets create gs://BUCKET --location={region}" in check.message
+
+
+# -- preflight against the Cloud Storage emulator ---------------------------------------------------------------
+def test_preflight_passes_a_sound_container_job(gcs_bucket):
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", cfg=make_config("smoke", data="sample"),
+                              machine=Machine("g2-standard-8", "NVIDIA_L4", 1), image_uri="gcr.io/p/trainer:1",
+                              labels={"team": "nlp", "run": "smoke-1"})
+    status = {c.name: c.status for c in checks}
+    # The emulator reports every bucket as multi-region US: usable from us-central1, with a warning.
+    assert status == {"staging bucket": "warn", "machine": "ok", "image/torch": "ok", "data": "ok", "labels": "ok"}
+    assert f"gs://{gcs_bucket}: US contains us-central1" in checks[0].message
+
+
+def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
+    local_data = tmp_path / "pairs.jsonl"
+    local_data.write_text("{}\n")
+    with pytest.raises(vertex.PreflightError) as err:
+        vertex.preflight(region=REGION, staging_bucket="gs://no-such-bucket", machine=Machine("a2-highgpu-1g"),
+                         cfg=make_config("smoke", data=str(local_data)), sdist=tmp_path / "missing.tar.gz",
+                         labels={"Team": "NLP"})
+    message = str(err.value)
+    assert "nothing was submitted" in message
+    assert "gs://no-such-bucket does not exist: create it in the job's region with `gcloud storage buckets " \
+           "create gs://no-such-bucket --location=us-central1`" in message
+    assert 'a2-highgpu-1g comes with 1 x NVIDIA_TESLA_A100 attached' in message
+    assert "build it with vertex.build_sdist()" in message
+    assert "no prebuilt Vertex AI PyTorch training image for torch" in message  # torch 2.13 here
+    assert "is a local path the Vertex worker cannot see" in message
+    assert "invalid label(s) Team" in message
+
+
+def test_preflight_fails_a_bucket_outside_the_job_region(gcs_bucket):
+    with pytest.raises(vertex.PreflightError, match="the bucket is in US but the job runs in europe-west4"):
+        vertex.preflight(region="europe-west4", staging_bucket=f"gs://{gcs_bucket}", machine=Machine(),
+                         image_uri="gcr.io/p/trainer:1", verbose=False)
+
+
+def test_preflight_warns_when_the_prebuilt_image_has_another_torch(gcs_bucket, sdist_path):
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(),
+                              sdist=sdist_path, executor_image_uri=IMAGE_2_4, verbose=False)
+    image = next(c for c in checks if c.name == "image/torch")
+    assert image.status == "warn"
+    assert "Image torch 2.4, yours 2.13" in image.message or "you test with 2.13" in image.message
+    assert next(c for c in checks if c.name == "package").status == "ok"
+
+
+def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    with pytest.raises(vertex.VertexError, match="gcloud auth application-default login"):
+        vertex.init_vertex(PROJECT, REGION, "gs://bucket")
+
+
+# -- request bodies as the fake receives them -------------------------------------------------------------------
+def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_path):
+    _init(fake_vertex, gcs_bucket)
+    package_uri = vertex.stage_package(sdist_path, f"gs://{gcs_bucket}")
+    assert package_uri.startswith(f"gs://{gcs_bucket}/nli-packages/") and package_uri.endswith(sdist_path.name)
+    assert storage.exists(package_uri)
+    cfg = make_config("smoke", **TINY_JOB)
+    machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2, replica_count=2)
+    pools = vertex.python_package_worker_pools(cfg, machine, package_uri, executor_image_uri=IMAGE_2_4)
+    base = f"gs://{gcs_bucket}/nli-jobs/run-1"
+    job = vertex.submit_custom_job(pools, base_output_dir=base, display_name="nli-smoke-1",
+                                   service_account="trainer@test-project.iam.gserviceaccount.com",
+                                   labels={"team": "nlp", "profile": "smoke"}, spot=True,
+                                   restart_job_on_worker_restart=True, timeout_s=3600)
+
+    (body,) = fake_vertex.created_bodies
+    assert body["displayName"] == "nli-smoke-1"
+    assert body["labels"] == {"team": "nlp", "profile": "smoke"}
+    spec = body["jobSpec"]
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": base}
+    assert spec["serviceAccount"] == "trainer@test-project.iam.gserviceaccount.com"
+    assert spec["scheduling"] == {"restartJobOnWorkerRestart": True, "strategy": Scheduling.Strategy.SPOT.value,
+                                  "timeout": "3600s"}
+    assert [p["replicaCount"] for p in spec["workerPoolSpecs"]] == ["1", "1"]  # int64 travels as a string
+    for pool in spec["workerPoolSpecs"]:
+        assert pool["machineSpec"] == {"machineType": "n1-standard-8",
+                                       "acceleratorType": AcceleratorType.NVIDIA_TESLA_T4.value, "acceleratorCount": 2}
+        assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package_uri],
+                                             "pythonModule": "nli_helpers.task", "args": vertex.job_args(cfg)}
+    assert "--max_train_samples=64" in vertex.job_args(cfg) and "--model_name=tiny-random" in vertex.job_args(cfg)
+    assert not fake_vertex.unknown_requests
+
+    assert job.state.name == "JOB_STATE_PENDING"  # the queue-only fake never starts it
+    job.cancel()
+    assert job.state.name == "JOB_STATE_CANCELLED"
+    url = unquote(vertex.logs_url(job))
+    assert 'resource.type="ml_job"' in url and f'resource.labels.job_id="{job.name}"' in url
+    assert url.endswith(f"?project={PROJECT}")
+
+
+def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    cfg = make_config("full", epochs=2)
+    pools = vertex.container_worker_pools(cfg, Machine("n1-standard-4", None, 0), "gcr.io/p/trainer:1")
+    vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/run-2")
+    (body,) = fake_vertex.created_bodies
+    (pool,) = body["jobSpec"]["workerPoolSpecs"]
+    assert pool == {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
+                    "containerSpec": {"imageUri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}}
+    assert "scheduling" not in body["jobSpec"] and "serviceAccount" not in body["jobSpec"]
+    assert body["displayName"].startswith("nli-")
+
+
+def test_a_refused_job_says_what_vertex_said(fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    pools = vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/trainer:1")
+    pools[0]["replica_count"] = 2  # Vertex refuses a chief pool of two
+    with pytest.raises(vertex.VertexError, match=r"Vertex AI refused the job \(400\).*chief.*replica_count 1"):
+        vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/run-3")
+
+
+def test_watch_gives_up_after_its_timeout(fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/t:1"),
+                                   base_output_dir=f"gs://{gcs_bucket}/run-4")
+    with pytest.raises(vertex.VertexError, match="still JOB_STATE_PENDING after 0.3 s; it keeps running"):
+        vertex.watch_job(job, poll_s=0.1, timeout_s=0.3, progress=False)
+
+
+def test_watch_raises_with_the_error_and_logs_link_when_a_job_fails(make_fake_vertex, gcs_bucket):
+    fake = make_fake_vertex(run_jobs=True)  # runs jobs, but knows no images: the pull fails
+    _init(fake, gcs_bucket)
+    job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/nope:1"),
+                                   base_output_dir=f"gs://{gcs_bucket}/run-5")
+    with pytest.raises(vertex.JobFailedError, match="ended JOB_STATE_FAILED: cannot pull image gcr.io/p/nope:1.*logs:"):
+        vertex.watch_job(job.resource_name, poll_s=0.1, timeout_s=60, progress=False)
+    with pytest.raises(vertex.VertexError, match="no metrics.json under .*run-5/model"):
+        vertex.fetch_outputs(job, Path("unused"))
+
+
+# -- the whole path, run by the fake ----------------------------------------------------------------------------
+def test_python_package_job_runs_from_the_staged_sdist(fake_vertex_runner, gcs_bucket, sdist_path, tmp_path, capsys):
+    _init(fake_vertex_runner, gcs_bucket)
+    cfg = make_config("smoke", **TINY_JOB)
+    machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1)
+    staging, base = f"gs://{gcs_bucket}", f"gs://{gcs_bucket}/nli-jobs/e2e"
+    checks = vertex.preflight(region=REGION, staging_bucket=staging, machine=machine, cfg=cfg, sdist=sdist_path,
+                              executor_image_uri=IMAGE_2_4)
+    assert all(c.status != "fail" for c in checks)
+    package_uri = vertex.stage_package(sdist_path, staging)
+    pools = vertex.python_package_worker_pools(cfg, machine, package_uri, executor_image_uri=IMAGE_2_4)
+    job = vertex.submit_custom_job(pools, base_output_dir=base, display_name="nli-e2e")
+
+    assert vertex.watch_job(job, poll_s=0.5, timeout_s=900) == "JOB_STATE_SUCCEEDED"
+    shown = capsys.readouterr()
+    assert "nli-e2e: JOB_STATE_RUNNING" in shown.err + shown.out and "nli-e2e: JOB_STATE_SUCCEEDED" in shown.err + shown.out
+    run_log = fake_vertex_runner.jobs[job.resource_name].log
+    assert "Successfully installed" in run_log and "nli-helpers" in run_log  # pip installed the staged sdist
+    assert not fake_vertex_runner.unknown_requests  # the SDK used only create and get
+
+    # The trainer wrote to AIP_MODEL_DIR (base/model/), since the args carry no --job-dir.
+    written = storage.list_uris(f"{base}/model")
+    assert f"{base}/model/metrics.json" in written and f"{base}/model/model.safetensors" in written
+    metrics = vertex.fetch_outputs(job, tmp_path / "outputs")
+    assert metrics["train"]["examples"] == 64
+    assert 0 <= metrics["validation_matched"]["accuracy"] <= 1
+    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["model_name"] == "tiny-random"
+    assert (tmp_path / "outputs" / "config.json").is_file()
+
+
+def test_custom_container_job_runs_the_image_entrypoint(fake_vertex_runner, gcs_bucket, trainer_image_python, tmp_path):
+    image = "us-central1-docker.pkg.dev/test-project/nli/trainer:1"
+    fake_vertex_runner.register_image(image, trainer_image_python)
+    _init(fake_vertex_runner, gcs_bucket)
+    base = f"gs://{gcs_bucket}/nli-jobs/container"
+    job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke", **TINY_JOB), Machine(), image),
+                                   base_output_dir=base)
+    vertex.watch_job(job, poll_s=0.5, timeout_s=900, progress=False)
+    metrics = vertex.fetch_outputs(base, tmp_path / "out")
+    assert metrics["train"]["examples"] == 64 and (tmp_path / "out" / "model.safetensors").is_file()
