@@ -17,6 +17,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +43,22 @@ from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters, load_model_and_tokenizer
 
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
+
+
+class TrainCallback:
+    """Hooks the loop calls on the main process only (TensorBoard, hyperparameter-tuning reports, ...).
+
+    Override what you need; each hook gets plain Python values, never device tensors.
+    """
+
+    def on_log(self, rows: list[dict]) -> None:
+        """Per-step rows since the last log (step, epoch, loss, lr; the last adds examples_per_s)."""
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        """Scores per validation split after an evaluation."""
+
+    def on_train_end(self, metrics: dict) -> None:
+        """The final metrics, before they are saved."""
 
 
 @dataclass
@@ -143,7 +160,7 @@ def evaluate_all(model, splits: dict, collator, device, precision, batch_size,
 
 # -- the loop ------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
-          info: DistInfo = SINGLE_PROCESS) -> TrainResult:
+          info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split.
 
     Under torchrun (`info.world_size > 1`) the model is wrapped in DDP; `cfg.batch_size` is per
@@ -175,10 +192,18 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     bar = tqdm(total=total_steps, desc="train", unit="step", disable=not (cfg.progress and info.is_main),
                dynamic_ncols=True)
     log = bar.write if info.is_main else (lambda *_: None)
+    callbacks = list(callbacks) if info.is_main else []
+
+    def record_eval(scores: dict) -> None:
+        eval_history.append(_eval_row(step, epoch, scores))
+        for cb in callbacks:
+            cb.on_evaluate(step, epoch, scores)
+
     start = time.perf_counter()
     epoch = 0
     while step < total_steps:
         loader.batch_sampler.set_epoch(epoch)
+        optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
         for batch in loader:
             window["examples"] += len(batch["labels"]) * info.world_size
             window["tokens"] += int(batch["attention_mask"].sum()) * info.world_size  # CPU tensor: no sync
@@ -204,17 +229,18 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             pending.append((step, lr, loss.detach() * cfg.grad_accum_steps))
             bar.update(1)
             if step % cfg.log_every == 0 or step == total_steps:
-                _flush(history, pending, window, epoch + micro / len(loader), bar, info)
+                rows = _flush(history, pending, window, epoch + micro / len(loader), bar, info)
+                for cb in callbacks:
+                    cb.on_log(rows)
             if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
-                eval_history.append(_eval_row(step, epoch, evaluate_all(model, evals, collator, device,
-                                                                        precision, cfg.eval_batch_size, info)))
+                record_eval(evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size, info))
             if step >= total_steps:
                 break
         epoch += 1
         micro = 0
         if step < total_steps or not eval_history or eval_history[-1]["step"] != step:
             scores = evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size, info)
-            eval_history.append(_eval_row(step, epoch, scores))
+            record_eval(scores)
             log(f"epoch {epoch} step {step}: {summary_line(scores)}")
     bar.close()
     train_seconds = time.perf_counter() - start
@@ -231,25 +257,29 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         "precision": precision, "device": str(device), "parameters": count_parameters(model),
         "eval_history": eval_history,
     }
+    for cb in callbacks:
+        cb.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, history)
 
 
-def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar, info: DistInfo = SINGLE_PROCESS) -> None:
+def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar,
+           info: DistInfo = SINGLE_PROCESS) -> list[dict]:
     """Turn the losses kept on the device into numbers: one host sync per log interval.
 
     Under DDP the per-step losses are averaged over ranks (equal shares of one global batch), so the
     logged loss is the global batch's mean loss, never a sum.
     """
     if not pending:
-        return
+        return []
     losses = all_reduce_sum(torch.stack([p[2] for p in pending]).float(), info) / info.world_size
     losses = losses.cpu().tolist()
     now = time.perf_counter()
     seconds = max(now - window["t"], 1e-9)
     ex_s, tok_s = window["examples"] / seconds, window["tokens"] / seconds
-    for (step, lr, _), loss in zip(pending, losses):
-        history.append({"step": step, "epoch": round(epoch, 4), "loss": loss, "lr": lr})
-    history[-1].update(examples_per_s=ex_s, tokens_per_s=tok_s)
+    rows = [{"step": step, "epoch": round(epoch, 4), "loss": loss, "lr": lr}
+            for (step, lr, _), loss in zip(pending, losses)]
+    rows[-1].update(examples_per_s=ex_s, tokens_per_s=tok_s)
+    history.extend(rows)
     if not all(math.isfinite(x) for x in losses):
         bad = next(s for (s, _, _), x in zip(pending, losses) if not math.isfinite(x))
         raise NLIError(f"the training loss became {losses[-1]} at step {bad}; lower --learning_rate "
@@ -257,6 +287,7 @@ def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar, 
     bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{pending[-1][1]:.2e}", ex_s=f"{ex_s:.1f}")
     pending.clear()
     window.update(t=now, examples=0, tokens=0)
+    return rows
 
 
 def _eval_row(step: int, epoch: int, scores: dict) -> dict:
@@ -304,7 +335,7 @@ def save_run(result: TrainResult, job_dir: str) -> str:
     return job_dir
 
 
-def run_training(cfg: TrainConfig, *, verbose: bool = True) -> TrainResult:
+def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
@@ -322,7 +353,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True) -> TrainResult:
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
     try:
-        result = train(cfg, model, tokenizer, tokenized, device=device, info=info)
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks)
         if info.is_main:  # one writer: every rank holds the same weights
             save_run(result, job_dir)
         barrier(info)

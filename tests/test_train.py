@@ -81,3 +81,29 @@ def test_gpu_only_precision_on_a_cpu_is_refused():
         resolve_precision("fp16", torch.device("cpu"))
     assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
     assert resolve_precision("auto", torch.device("cpu")) in ("bf16", "fp32")
+
+
+def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
+    from nli_helpers.train import TrainCallback
+
+    class Recorder(TrainCallback):
+        def __init__(self):
+            self.rows, self.evals, self.final = [], [], None
+
+        def on_log(self, rows):
+            self.rows += rows
+
+        def on_evaluate(self, step, epoch, scores):
+            self.evals.append((step, sorted(scores)))
+
+        def on_train_end(self, metrics):
+            self.final = metrics
+
+    rec = Recorder()
+    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=2, batch_size=8, max_train_samples=64,
+                      log_every=3, job_dir=str(tmp_path / "cb"), progress=False)
+    result = run_training(cfg, verbose=False, callbacks=[rec])
+    assert rec.rows == result.history
+    assert rec.evals == [(8, ["validation_matched", "validation_mismatched"]),
+                         (16, ["validation_matched", "validation_mismatched"])]
+    assert rec.final is result.metrics
