@@ -106,9 +106,17 @@ class TrainConfig:
     seed: int = _f(42, "seed for weights, data order and the premise split")
     log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
+    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at each epoch end only)")
+    keep_checkpoints: int = _f(2, "keep the newest N complete checkpoints (0: do not checkpoint)")
+    checkpoint_dir: str | None = _f(None, "where checkpoints go, local or gs://; default "
+                                    "$AIP_CHECKPOINT_DIR when set, else <job_dir>/checkpoints")
+    resume: str | None = _f(None, "'auto': continue from the newest complete checkpoint in the checkpoint "
+                            "dir, if any; or a checkpoint path; unset: start fresh")
     num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
                           "0 is fastest on CPU)")
     progress: bool = _f(True, "show tqdm progress bars")
+    hypertune_metric: str | None = _f(None, "report this validation metric (e.g. validation_matched_accuracy) to "
+                                      "Vertex AI hyperparameter tuning after every evaluation; unset: only in a trial")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -138,7 +146,8 @@ class TrainConfig:
                 problems.append(f"{name}={value} must be a fraction in (0, 1]")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers"):
+        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers", "checkpoint_every",
+                     "keep_checkpoints"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")
         for name in ("max_train_samples", "max_eval_samples"):

@@ -16,10 +16,17 @@ files (`train.*`, `validation_matched.*` or `dev_matched.*`, `validation_mismatc
 
 from __future__ import annotations
 
+import codecs
+import csv
+import gzip
 import hashlib
+import json
 import logging
+import math
 import re
+import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +36,20 @@ import pandas as pd
 import torch
 from datasets import Dataset, DatasetDict
 
-from .config import NLIError
+from .config import ConfigError, NLIError
 
 log = logging.getLogger(__name__)
 
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 UNLABELLED = {"-", "-1", ""}
+UNLABELLED_ID = -1
+# Numeric labels as text: "1", "-1", and "1.0" (how a label column with gaps comes back from pandas).
+LABEL_NUMBER = re.compile(r"-?[0-9]+(\.0*)?")
+# An unpaired surrogate (JSON can spell one as "\ud800") is not Unicode text: nothing can encode it.
+SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Texts are cut to this many characters per token of max_length before tokenising (see tokenize_splits).
+CHARS_PER_TOKEN_CAP = 32
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
 MATCHED_GENRES = ("fiction", "government", "slate", "telephone", "travel")
@@ -59,12 +73,21 @@ class LoadReport:
     """What the loader dropped, so a notebook can show it instead of hiding it."""
 
     source: str
-    dropped_unlabelled: int = 0
+    dropped_unlabelled: int = 0   # gold label -1, '-', empty or null
+    dropped_blank: int = 0        # premise or hypothesis null, empty or whitespace only
+    dropped_duplicates: int = 0   # exact repeats of an earlier (premise, hypothesis, label) in the same file
+    conflicting_labels: int = 0   # kept: rows whose (premise, hypothesis) also appears with another label
     rows: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v:,}" for k, v in self.rows.items())
-        return f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows (-1 or '-')"
+        text = (f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows (-1, '-' or empty), "
+                f"{self.dropped_blank:,} with a blank premise or hypothesis, "
+                f"{self.dropped_duplicates:,} exact duplicates")
+        if self.conflicting_labels:
+            text += (f"; kept {self.conflicting_labels:,} rows whose premise and hypothesis also appear "
+                     "with a different label")
+        return text
 
 
 # -- reading tables ----------------------------------------------------------------------
@@ -79,54 +102,239 @@ def read_table(path: str | Path) -> pd.DataFrame:
     kind = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
     try:
         if kind in (".jsonl", ".json"):
-            return pd.read_json(path, lines=kind == ".jsonl" or _looks_like_jsonl(path))
-        if kind == ".csv":
-            return pd.read_csv(path, keep_default_na=False)
-        if kind in (".tsv", ".txt"):
+            df = _read_json_records(path)
+        # Text columns stay text (dtype=str): a premise "1" or a label "1.0" is not guessed into a number.
+        elif kind == ".csv":
+            df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        elif kind in (".tsv", ".txt"):
             # Raw MultiNLI .txt/.tsv files contain unbalanced quotes: read them literally.
-            return pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False)
-        if kind == ".parquet":
-            return pd.read_parquet(path)
+            df = pd.read_csv(path, sep="\t", quoting=3, dtype=str, keep_default_na=False)
+        elif kind == ".parquet":
+            df = pd.read_parquet(path).reset_index(drop=True)  # a saved index would confuse row numbers
+        else:
+            raise DataError(f"{path}: unsupported file type {kind!r}; use one of {', '.join(SUFFIXES)} "
+                            "(optionally .gz)")
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); "
                         "re-encode it as UTF-8") from e
-    except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"could not read {path} as {kind[1:]}: {e}") from e
-    raise DataError(f"{path}: unsupported file type {kind!r}; use one of {', '.join(SUFFIXES)} "
-                    "(optionally .gz)")
+    # Truncated or corrupt files: gzip raises EOFError/BadGzipFile(OSError)/zlib.error, pyarrow
+    # ArrowInvalid(ValueError)/OSError, the csv parsers ParserError(ValueError)/csv.Error.
+    except (ValueError, OSError, EOFError, zlib.error, csv.Error) as e:
+        raise DataError(f"could not read {path} as {kind[1:]}{' (gzip)' if path.suffix == '.gz' else ''}: "
+                        f"{e}. Is the file complete? Copy or download it again") from e
+    if len(df) == 0 and len(df.columns) == 0:
+        raise DataError(f"data file {path} is empty (no rows); it needs premise, hypothesis and label columns")
+    return df
 
 
-def _looks_like_jsonl(path: Path) -> bool:
-    opener = __import__("gzip").open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return not f.read(1).startswith("[")
+def _read_json_records(path: Path) -> pd.DataFrame:
+    """JSON Lines (one object a line) or a JSON array of objects, each value keeping its JSON type.
+
+    Parsed line by line so that a bad line is named by its number (the DataFrame's index is the
+    line number), and without pandas' type guessing, which would turn a premise "1" into 1.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        first = f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()
+        if first.startswith(b"["):
+            f.seek(0)
+            return _json_array(path, f.read())
+        f.seek(0)
+        rows, lines, seen = [], [], {}
+        for number, raw in enumerate(f, 1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path} line {number} is not valid UTF-8 ({e.reason} at byte {e.start} of the "
+                                "line); re-encode the file as UTF-8") from e
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                raise DataError(f"{path} line {number} is not valid JSON ({getattr(e, 'msg', e)}{where}); "
+                                "each line must be one JSON object") from e
+            if not isinstance(row, dict):
+                raise DataError(f"{path} line {number} is a JSON {_json_type(row)}, not an object; each line "
+                                'must be one object like {"premise": ..., "hypothesis": ..., "label": ...}')
+            rows.append(_known_columns(row, seen))
+            lines.append(number)
+    return _records_frame(rows, seen, pd.Index(lines, name="line"))
+
+
+def _json_array(path: Path, raw: bytes) -> pd.DataFrame:
+    try:
+        records = json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise
+    except (ValueError, RecursionError) as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise DataError(f"{path} is not valid JSON ({getattr(e, 'msg', e)}{where})") from e
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise DataError(f"{path} must be a JSON array of objects (or JSON Lines: one object a line)")
+    seen: dict[str, None] = {}
+    return _records_frame([_known_columns(r, seen) for r in records], seen, None)
+
+
+KNOWN_COLUMNS = frozenset({"premise", "hypothesis", "label", "genre", *COLUMN_ALIASES})
+
+
+def _known_columns(row: dict, seen: dict) -> dict:
+    # Only the columns the loader uses become DataFrame columns: a file whose every line has new keys
+    # would otherwise build a rows x keys table. The first keys seen are kept for error messages.
+    if len(seen) < 50:
+        seen.update(dict.fromkeys(list(row)[:50]))
+    return {k: v for k, v in row.items() if k in KNOWN_COLUMNS}
+
+
+def _records_frame(rows: list[dict], seen: dict, index) -> pd.DataFrame:
+    df = pd.DataFrame(rows, index=index, dtype=object)
+    df.attrs["columns_seen"] = list(seen)
+    return df
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.DataFrame:
-    """Rename columns to premise/hypothesis/label(/genre), map labels to ids, drop unlabelled."""
+    """Rename columns to premise/hypothesis/label(/genre), map labels to ids, and drop what cannot train.
+
+    Dropped and counted in `report` (the run prints it): unlabelled rows (-1, '-', empty or null
+    label: MultiNLI's "no gold label"), rows whose premise or hypothesis is null, empty or only
+    whitespace (no pair to learn from; one such row must not sink a 400k-row file), and exact
+    repeats of an earlier (premise, hypothesis, label) row in the same file (they would count twice
+    in training and evaluation). The same pair under different labels is kept, both rows, and
+    counted: crowd labels disagree, and the benchmark's splits keep such rows.
+
+    Anything else raises one DataError naming the first bad line (JSON Lines) or row: a missing
+    column, an unknown label, a premise or hypothesis that is not text (a number, list or object)
+    or not valid Unicode.
+    """
+    seen = df.attrs.get("columns_seen") or [str(c) for c in df.columns]
     df = df.rename(columns={k: v for k, v in COLUMN_ALIASES.items() if v not in df.columns})
     missing = [c for c in ("premise", "hypothesis", "label") if c not in df.columns]
     if missing:
-        raise DataError(f"{source} lacks column(s) {', '.join(missing)} (found: {', '.join(map(str, df.columns))}); "
+        found = ", ".join(repr(c) for c in seen[:20]) + (", ..." if len(seen) > 20 else "")
+        raise DataError(f"{source} lacks column(s) {', '.join(missing)} (found: {found or 'none'}); "
                         "name them premise/hypothesis/label or sentence1/sentence2/gold_label")
     keep = ["premise", "hypothesis", "label"] + (["genre"] if "genre" in df.columns else [])
+    if df.columns.duplicated().any():
+        twice = sorted({c for c in df.columns[df.columns.duplicated()] if c in keep})
+        if twice:
+            raise DataError(f"{source} has the column(s) {', '.join(twice)} more than once; keep one of each")
     df = df[keep].copy()
-    labels = df["label"].map(lambda v: str(v).strip().lower())
-    unlabelled = labels.isin(UNLABELLED)
+    read = len(df)
+
+    ids = df["label"].map(label_id)
+    unknown = ids.isna()
+    if unknown.any():
+        bad = df.loc[unknown, "label"]
+        shown = ", ".join(sorted({_shown(v) for v in bad})[:5])
+        raise DataError(f"{source} has unknown label value(s) {shown} (first on {_where(df, bad.index[0])}); "
+                        f"labels must be {'/'.join(LABELS)} or 0/1/2 (rows labelled -1, '-' or nothing "
+                        "are dropped)")
+    unlabelled = ids == UNLABELLED_ID
     report.dropped_unlabelled += int(unlabelled.sum())
-    df, labels = df[~unlabelled], labels[~unlabelled]
-    ids = labels.map(lambda s: LABEL2ID.get(s, int(s) if s.isdigit() and int(s) < len(LABELS) else None))
-    unknown = sorted(set(labels[ids.isna()]))
-    if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:5])
-        raise DataError(f"{source} has unknown label value(s) {shown}; labels must be "
-                        f"{'/'.join(LABELS)} or 0/1/2 (rows labelled -1 or '-' are dropped)")
-    df["label"] = ids.astype("int64")
+    df = df[~unlabelled].assign(label=ids[~unlabelled].astype("int64"))
+
+    blank = pd.Series(False, index=df.index)
+    for col in ("premise", "hypothesis"):
+        kinds = df[col].map(_text_kind)
+        bad = ~kinds.isin(("ok", "blank"))
+        if bad.any():
+            at = bad.idxmax()
+            if kinds[at] == "surrogate":
+                raise DataError(f"{source}: the {col} on {_where(df, at)} is not valid Unicode (it holds an "
+                                "unpaired surrogate, such as a JSON \\ud800 escape); fix or remove that row")
+            kind = kinds[at]
+            raise DataError(f"{source}: the {col} on {_where(df, at)} is {_shown(df.at[at, col])} "
+                            f"({'an' if kind[0] in 'aeiou' else 'a'} {kind}), not text; every {col} must be a string")
+        blank |= kinds == "blank"
+    report.dropped_blank += int(blank.sum())
+    df = df[~blank]
     for col in ("premise", "hypothesis"):
         df[col] = df[col].astype(str)
+    if "genre" in df.columns:
+        df["genre"] = df["genre"].map(_genre)
+
+    duplicate = df.duplicated(["premise", "hypothesis", "label"])
+    report.dropped_duplicates += int(duplicate.sum())
+    df = df[~duplicate]
+    report.conflicting_labels += int(df.duplicated(["premise", "hypothesis"], keep=False).sum())
     if df.empty:
-        raise DataError(f"{source} has no labelled rows left")
+        raise DataError(f"{source} has no usable rows left: of {read:,} rows, {int(unlabelled.sum()):,} are "
+                        f"unlabelled and {int(blank.sum()):,} have a blank premise or hypothesis")
     return df.reset_index(drop=True)
+
+
+def label_id(value) -> int | None:
+    """A label as 0/1/2, UNLABELLED_ID (-1) for "no gold label", or None when it is not a label.
+
+    Accepts the names in any case with spaces around, 0/1/2 as integers, as integral floats (1.0:
+    how an integer column with gaps comes back from pandas or parquet) or as strings of either.
+    -1, '-', '' and null mean unlabelled. Booleans, other numbers, lists and objects are not labels.
+    """
+    if _missing(value):
+        return UNLABELLED_ID
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (float, np.floating)):
+        if not float(value).is_integer():
+            return None
+        value = int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value) if -1 <= value < len(LABELS) else None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in UNLABELLED:
+            return UNLABELLED_ID
+        if text in LABEL2ID:
+            return LABEL2ID[text]
+        if LABEL_NUMBER.fullmatch(text) and len(text) < 20:
+            return label_id(int(text.split(".")[0]))
+    return None
+
+
+def _missing(value) -> bool:
+    return (value is None or value is pd.NA or value is pd.NaT
+            or (isinstance(value, (float, np.floating)) and math.isnan(value)))
+
+
+def _text_kind(value) -> str:
+    """'ok', 'blank' (null, empty or whitespace), 'surrogate' (not encodable), or the JSON type of a non-string."""
+    if isinstance(value, str):
+        if not value.strip():
+            return "blank"
+        return "surrogate" if SURROGATE.search(value) else "ok"
+    return "blank" if _missing(value) else _json_type(value)
+
+
+def _genre(value) -> str:
+    # Genre is a tag for per-genre scores: anything goes, but it must be encodable text.
+    return "unknown" if _missing(value) else str(value).encode("utf-8", "replace").decode("utf-8")
+
+
+def _shown(value) -> str:
+    """A value for an error message: short, and printable whatever it holds."""
+    if isinstance(value, str):
+        text = repr(value.strip().lower())
+    elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        text = repr(str(value))
+    else:
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _where(df: pd.DataFrame, label) -> str:
+    """'line N' for JSON Lines (the index holds line numbers), else 'row N' counting data rows from 1."""
+    if df.index.name == "line":
+        return f"line {label}"
+    return f"row {label + 1}" if isinstance(label, (int, np.integer)) else f"row {label!r}"
 
 
 # -- splitting ---------------------------------------------------------------------------
@@ -181,9 +389,13 @@ def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: in
     if source.startswith("gs://"):
         return _load_gcs(source, report, eval_fraction, seed)
     path = Path(source).expanduser()
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem
+        raise DataError(f"--data {source!r} is not a usable path ({e})") from e
+    if is_dir:
         return _load_directory(path, report, eval_fraction, seed)
-    if path.is_file() or path.suffix in SUFFIXES or path.suffix == ".gz" or source.startswith((".", "/")):
+    if is_file or path.suffix in SUFFIXES or path.suffix == ".gz" or source.startswith((".", "/")):
         df = normalise_frame(read_table(path), str(path), report)
         return splits_from_single_frame(df, eval_fraction, seed)
     return _load_hub(source, report, eval_fraction, seed)
@@ -201,6 +413,9 @@ def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: 
     frames = {name: normalise_frame(read_table(f), str(f), report) for name, f in found.items()}
     if "validation_matched" not in frames:
         frames["train"], frames["validation_matched"] = split_by_premise(frames["train"], eval_fraction, seed)
+        if frames["train"].empty or frames["validation_matched"].empty:
+            raise DataError(f"splitting {found['train']} by premise with eval_fraction={eval_fraction} left an "
+                            "empty part; add a validation_matched file, use more data or another eval_fraction")
     return frames
 
 
@@ -210,8 +425,14 @@ def _load_gcs(uri: str, report: LoadReport, eval_fraction: float, seed: int) -> 
     local = Path(tempfile.mkdtemp(prefix="nli-data-"))
     name = uri.rstrip("/").rsplit("/", 1)[-1]
     is_file = any(name.endswith(s) or name.endswith(s + ".gz") for s in SUFFIXES)
-    target = storage.download(uri, local / name if is_file else local / "data")
-    return _load_frames(str(target), report, eval_fraction, seed)
+    target = local / name if is_file else local / "data"
+    try:
+        storage.download(uri, target)
+        return _load_frames(str(target), report, eval_fraction, seed)
+    except DataError as e:  # name the object the user passed, not the temporary copy
+        raise DataError(str(e).replace(str(target), uri.rstrip("/"))) from e
+    finally:
+        shutil.rmtree(local, ignore_errors=True)  # the frames are in memory now
 
 
 def _load_hub(name: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
@@ -252,12 +473,26 @@ def subsample(splits: DatasetDict, fraction: float, max_train: int | None, max_e
 
 # -- tokenising and batching ---------------------------------------------------------------
 def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128) -> DatasetDict:
-    """Tokenise every split once, in batches, truncated but never padded (padding is per batch)."""
+    """Tokenise every split once, in batches, truncated but never padded (padding is per batch).
+
+    Each text is first cut to `CHARS_PER_TOKEN_CAP * max_length` characters. Truncation keeps at
+    most `max_length` tokens, which normal text fits in far fewer characters, so the result is the
+    same; but the fast tokenizer's pair truncation builds every combination of the two texts'
+    overflow windows (huggingface/tokenizers#2035), so one pair of 20,000-token texts would
+    otherwise take tens of GB of memory.
+    """
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one (AutoTokenizer default)")
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and limit < 1_000_000 and max_length > limit:
+        raise ConfigError(f"max_length={max_length} is more than this model takes ({limit} tokens); "
+                          f"use --max_length {limit} or less")
+    cap = CHARS_PER_TOKEN_CAP * max_length
 
     def encode(batch):
-        enc = tokenizer(batch["premise"], batch["hypothesis"], truncation=True, max_length=max_length)
+        premises = [t[:cap] for t in batch["premise"]]
+        hypotheses = [t[:cap] for t in batch["hypothesis"]]
+        enc = tokenizer(premises, hypotheses, truncation=True, max_length=max_length)
         enc["length"] = [len(ids) for ids in enc["input_ids"]]
         return enc
 
@@ -285,10 +520,11 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.group = batch_size, seed, group_by_length
         self.mega, self.num_replicas, self.rank = mega_batches, num_replicas, rank
-        self.epoch = 0
+        self.epoch = self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Choose the epoch's order; `skip_batches` resumes part way through it (after a checkpoint)."""
+        self.epoch, self.skip = epoch, skip_batches
 
     def global_batches(self) -> list[np.ndarray]:
         """This epoch's batches of `batch_size * num_replicas` examples, the same on every rank."""
@@ -310,9 +546,10 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         return [b[self.rank::self.num_replicas] for b in self.global_batches()]
 
     def __iter__(self) -> Iterator[list[int]]:
-        return (b.tolist() for b in self.batches())
+        return (b.tolist() for b in self.batches()[self.skip:])
 
     def __len__(self) -> int:
+        """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
         size = self.batch_size * self.num_replicas
         n = len(self.lengths)
         return n // size + (n % size >= self.num_replicas)

@@ -122,6 +122,16 @@ def list_uris(prefix_uri: str) -> list[str]:
     return [f"{GCS_SCHEME}{bucket_name}/{blob.name}" for blob in _list_blobs(bucket_name, blob_path)]
 
 
+def delete(uri: str) -> int:
+    """Delete the object `uri` and every object under `uri/`; returns how many were deleted."""
+    bucket_name, blob_path = split_gcs_uri(uri)
+    with _storage_errors(bucket_name, WRITE_ROLE):
+        blobs = _list_blobs(bucket_name, blob_path)
+        for blob in blobs:
+            blob.delete()
+    return len(blobs)
+
+
 def download(uri: str, local_path: str | os.PathLike[str]) -> Path:
     """Copy an object to a file, or a "directory" recursively into a local directory.
 

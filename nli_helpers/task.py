@@ -55,16 +55,20 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .train import run_training  # torch and transformers load after the arguments are checked
+    from .train import Preempted, run_training  # torch and transformers load after the arguments are checked
 
     try:
         cfg = config_from_args(argv)
         result = run_training(cfg)
+    except Preempted as e:  # a distinct exit code: Vertex restarts the worker, which resumes
+        print(f"preempted: {e}", file=sys.stderr)
+        return e.exit_code
     except NLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: nothing was saved", file=sys.stderr)
+        print("interrupted: the newest complete checkpoint (if any) is intact; rerun with --resume auto",
+              file=sys.stderr)
         return 130
     return 0 if result.metrics else 1
 

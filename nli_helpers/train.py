@@ -15,7 +15,9 @@ import contextlib
 import json
 import math
 import os
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
 
+from .checkpoint import CheckpointError, checkpoint_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, NLIError, TrainConfig
 from .data import LengthGroupedBatchSampler, load_nli_splits, tokenize_splits
 from .distributed import (
@@ -119,6 +122,9 @@ def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device,
     return torch.utils.data.DataLoader(
         dataset.remove_columns([c for c in ("genre", "length") if c in dataset.column_names]),
         batch_sampler=sampler, collate_fn=collator, num_workers=cfg.num_workers,
+        # Its own generator: a new epoch's iterator must not draw from the global RNG that dropout
+        # uses, or a resumed run would see other dropout masks than an uninterrupted one.
+        generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
 
 
@@ -159,107 +165,249 @@ def evaluate_all(model, splits: dict, collator, device, precision, batch_size,
 
 
 # -- the loop ------------------------------------------------------------------------------------
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: not one of the exit codes Vertex AI treats as permanent
+
+
+class Preempted(NLIError):
+    """SIGTERM arrived (spot preemption, Vertex restart): a checkpoint was saved, rerun with --resume auto."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+
+# Fields that must match for a resumed run to continue the same trajectory.
+RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_steps", "learning_rate",
+                   "weight_decay", "warmup_ratio", "max_length", "seed", "group_by_length",
+                   "fraction_of_train_data", "max_train_samples")
+
+
+class TrainingLoop:
+    """One run's moving parts: optimizer, schedule, data position, history, checkpoints.
+
+    `train()` is the convenient entry; use this class directly to resume (`resume_from`).
+    """
+
+    def __init__(self, cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
+                 info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
+                 checkpoint_root: str | None = None):
+        self.cfg, self.model, self.tokenizer, self.info = cfg, model, tokenizer, info
+        self.device = device or device_for(info)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        set_seed(cfg.seed)
+        model.to(self.device).train()
+        self.net = model
+        if info.enabled:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[info.local_rank] if self.device.type == "cuda" else None)
+        self.collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if self.device.type == "cuda" else None)
+        self.tokenized = tokenized
+        self.loader = make_train_loader(tokenized["train"], cfg, self.collator, self.device,
+                                        num_replicas=info.world_size, rank=info.rank)
+        self.total_steps = max(1, math.ceil(cfg.epochs * max(1, len(self.loader) // cfg.grad_accum_steps)))
+        self.optimizer = build_optimizer(model, cfg, self.device)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * self.total_steps),
+                                                         self.total_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.evals = {k: v for k, v in tokenized.items() if k != "train"}
+        self.callbacks = list(callbacks) if info.is_main else []
+        self.checkpoint_root = checkpoint_root if cfg.keep_checkpoints > 0 else None
+        self.step = self.epoch = self.batches_done = 0
+        self.history: list[dict] = []
+        self.eval_history: list[dict] = []
+        self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device)
+        self.window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
+        self.stop_requested = False
+        self.bar = None
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        self.bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                        disable=not (cfg.progress and self.info.is_main), dynamic_ncols=True)
+        start = time.perf_counter()
+        with self._stop_on_sigterm():
+            while self.step < self.total_steps:
+                self.loader.batch_sampler.set_epoch(self.epoch, skip_batches=self.batches_done)
+                self.optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
+                for batch in self.loader:
+                    if self._micro_step(batch) and self._after_step():
+                        break
+                self.epoch, self.batches_done = self.epoch + 1, 0
+                if self.step < self.total_steps or not self.eval_history or self.eval_history[-1]["step"] != self.step:
+                    scores = self._evaluate()
+                    self._log(f"epoch {self.epoch} step {self.step}: {summary_line(scores)}")
+                if self.step < self.total_steps:
+                    self.save_checkpoint()
+        self.bar.close()
+        return self._result(time.perf_counter() - start)
+
+    def _micro_step(self, batch) -> bool:
+        """Forward and backward one micro-batch; True when it completed an optimizer step."""
+        cfg, info = self.cfg, self.info
+        self.window["examples"] += len(batch["labels"]) * info.world_size
+        self.window["tokens"] += int(batch["attention_mask"].sum()) * info.world_size  # CPU tensor: no sync
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        self.batches_done += 1
+        accumulating = self.batches_done % cfg.grad_accum_steps != 0
+        # DDP all-reduces gradients on every backward unless told not to: only on the last micro-batch.
+        with (self.net.no_sync() if info.enabled and accumulating else contextlib.nullcontext()):
+            with autocast(self.precision, self.device):
+                loss = self.net(**batch).loss / cfg.grad_accum_steps
+            self.scaler.scale(loss).backward()
+        if accumulating:
+            return False
+        if cfg.max_grad_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+        self.pending.append((self.step, lr, loss.detach() * cfg.grad_accum_steps))
+        self.bar.update(1)
+        return True
+
+    def _after_step(self) -> bool:
+        """Log, evaluate, checkpoint and honour SIGTERM as due; True when training is over."""
+        cfg, step, last = self.cfg, self.step, self.step >= self.total_steps
+        if step % cfg.log_every == 0 or last:
+            self._flush()
+        if cfg.eval_every and step % cfg.eval_every == 0 and not last:
+            self._evaluate()
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last:
+            self.save_checkpoint()
+        if not last and self._should_stop():
+            path = self.save_checkpoint()
+            raise Preempted(f"stopped by SIGTERM after step {step}; checkpoint saved to {path}. "
+                            "Rerun with --resume auto to continue")
+        return last
+
+    def _flush(self) -> None:
+        rows = _flush(self.history, self.pending, self.window, self.epoch + self.batches_done / len(self.loader),
+                      self.bar, self.info)
+        for cb in self.callbacks:
+            cb.on_log(rows)
+
+    def _evaluate(self) -> dict:
+        scores = evaluate_all(self.model, self.evals, self.collator, self.device, self.precision,
+                              self.cfg.eval_batch_size, self.info)
+        self.eval_history.append(_eval_row(self.step, self.epoch, scores))
+        for cb in self.callbacks:
+            cb.on_evaluate(self.step, self.epoch, scores)
+        return scores
+
+    def _log(self, message: str) -> None:
+        if self.info.is_main:
+            self.bar.write(message)
+
+    # -- preemption -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _stop_on_sigterm(self):
+        """SIGTERM sets a flag; the loop finishes its step, checkpoints and raises Preempted."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum, frame):
+            self.stop_requested = True
+
+        previous = signal.signal(signal.SIGTERM, request_stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _should_stop(self) -> bool:
+        if not self.info.enabled:
+            return self.stop_requested
+        # Every rank must stop at the same step; agree at log steps only (one small all-reduce).
+        if self.step % self.cfg.log_every:
+            return False
+        flag = torch.tensor([float(self.stop_requested)], device=self.device)
+        return bool(all_reduce_sum(flag, self.info).item() > 0)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self) -> str | None:
+        """Checkpoint the current step (all ranks call this; rank 0 writes)."""
+        if not self.checkpoint_root:
+            return None
+        self._flush()  # the history is complete and a non-finite loss stops us before we save
+        rng = all_gather_objects(_rng_state(), self.info)
+        path = None
+        if self.info.is_main:
+            state = {"step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
+                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "scaler": self.scaler.state_dict(), "rng": rng, "history": self.history,
+                     "eval_history": self.eval_history, "config": self.cfg.to_dict()}
+            path = save_checkpoint(self.checkpoint_root, self.step, self.model, state, self.cfg.keep_checkpoints)
+        barrier(self.info)
+        return path
+
+    def resume_from(self, path: str) -> None:
+        """Load a checkpoint: weights, optimizer, schedule, scaler, RNG, data position, history."""
+        state = load_checkpoint(path, self.model)
+        saved = state["config"]
+        changed = [f"{k} ({saved.get(k)!r} -> {getattr(self.cfg, k)!r})" for k in RESUME_CRITICAL
+                   if saved.get(k) != getattr(self.cfg, k)]
+        if changed:
+            raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; "
+                                  "resume with the same settings or start a new job dir")
+        self.model.to(self.device)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"][self.info.rank] if len(state["rng"]) > self.info.rank else state["rng"][0])
+        self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
+        self.history, self.eval_history = state["history"], state["eval_history"]
+        self._log(f"resumed from {path} at step {self.step}") if self.bar else None
+
+    def _result(self, train_seconds: float) -> TrainResult:
+        cfg, info, tokenized = self.cfg, self.info, self.tokenized
+        final = {k: v for k, v in self.eval_history[-1].items() if k not in ("step", "epoch")}
+        train_tokens = sum(tokenized["train"]["length"])
+        metrics = {
+            **final,
+            "train": {"steps": self.step, "epochs": cfg.epochs, "seconds": train_seconds,
+                      "examples_per_s": self.step * cfg.batch_size * info.world_size / train_seconds,
+                      "processes": info.world_size,
+                      "examples": len(tokenized["train"]), "mean_tokens": train_tokens / len(tokenized["train"]),
+                      "final_loss": self.history[-1]["loss"] if self.history else None},
+            "majority_baseline": {k: majority_baseline(v["label"]) for k, v in self.evals.items()},
+            "precision": self.precision, "device": str(self.device), "parameters": count_parameters(self.model),
+            "eval_history": self.eval_history,
+        }
+        for cb in self.callbacks:
+            cb.on_train_end(metrics)
+        return TrainResult(self.model, self.tokenizer, cfg, metrics, self.history)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
-          info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
+          info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
+          checkpoint_root: str | None = None, resume_from: str | None = None) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split.
 
     Under torchrun (`info.world_size > 1`) the model is wrapped in DDP; `cfg.batch_size` is per
     process, so N processes train on the same global batches as one process at N x batch_size.
+    With `checkpoint_root`, checkpoints are written at each epoch end (and every
+    `cfg.checkpoint_every` steps); `resume_from` continues a checkpoint exactly.
     """
-    device = device or device_for(info)
-    precision = resolve_precision(cfg.precision, device)
-    set_seed(cfg.seed)
-    model.to(device).train()
-    net = model
-    if info.enabled:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[info.local_rank] if device.type == "cuda" else None)
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
-    loader = make_train_loader(tokenized["train"], cfg, collator, device,
-                               num_replicas=info.world_size, rank=info.rank)
-    steps_per_epoch = max(1, len(loader) // cfg.grad_accum_steps)
-    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    optimizer = build_optimizer(model, cfg, device)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    evals = {k: v for k, v in tokenized.items() if k != "train"}
-
-    history: list[dict] = []
-    eval_history: list[dict] = []
-    pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device): synced at log time
-    window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
-    step, micro = 0, 0
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not (cfg.progress and info.is_main),
-               dynamic_ncols=True)
-    log = bar.write if info.is_main else (lambda *_: None)
-    callbacks = list(callbacks) if info.is_main else []
-
-    def record_eval(scores: dict) -> None:
-        eval_history.append(_eval_row(step, epoch, scores))
-        for cb in callbacks:
-            cb.on_evaluate(step, epoch, scores)
-
-    start = time.perf_counter()
-    epoch = 0
-    while step < total_steps:
-        loader.batch_sampler.set_epoch(epoch)
-        optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
-        for batch in loader:
-            window["examples"] += len(batch["labels"]) * info.world_size
-            window["tokens"] += int(batch["attention_mask"].sum()) * info.world_size  # CPU tensor: no sync
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            micro += 1
-            accumulating = micro % cfg.grad_accum_steps != 0
-            # DDP all-reduces gradients on every backward unless told not to: only on the last micro-batch.
-            with (net.no_sync() if info.enabled and accumulating else contextlib.nullcontext()):
-                with autocast(precision, device):
-                    loss = net(**batch).loss / cfg.grad_accum_steps
-                scaler.scale(loss).backward()
-            if accumulating:
-                continue
-            if cfg.max_grad_norm > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            step += 1
-            pending.append((step, lr, loss.detach() * cfg.grad_accum_steps))
-            bar.update(1)
-            if step % cfg.log_every == 0 or step == total_steps:
-                rows = _flush(history, pending, window, epoch + micro / len(loader), bar, info)
-                for cb in callbacks:
-                    cb.on_log(rows)
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
-                record_eval(evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size, info))
-            if step >= total_steps:
-                break
-        epoch += 1
-        micro = 0
-        if step < total_steps or not eval_history or eval_history[-1]["step"] != step:
-            scores = evaluate_all(model, evals, collator, device, precision, cfg.eval_batch_size, info)
-            record_eval(scores)
-            log(f"epoch {epoch} step {step}: {summary_line(scores)}")
-    bar.close()
-    train_seconds = time.perf_counter() - start
-    final = {k: v for k, v in eval_history[-1].items() if k not in ("step", "epoch")}
-    train_tokens = sum(tokenized["train"]["length"])
-    metrics = {
-        **final,
-        "train": {"steps": step, "epochs": cfg.epochs, "seconds": train_seconds,
-                  "examples_per_s": step * cfg.batch_size * info.world_size / train_seconds,
-                  "processes": info.world_size,
-                  "examples": len(tokenized["train"]), "mean_tokens": train_tokens / len(tokenized["train"]),
-                  "final_loss": history[-1]["loss"] if history else None},
-        "majority_baseline": {k: majority_baseline(v["label"]) for k, v in evals.items()},
-        "precision": precision, "device": str(device), "parameters": count_parameters(model),
-        "eval_history": eval_history,
-    }
-    for cb in callbacks:
-        cb.on_train_end(metrics)
-    return TrainResult(model, tokenizer, cfg, metrics, history)
+    loop = TrainingLoop(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
+                        checkpoint_root=checkpoint_root)
+    if resume_from:
+        loop.resume_from(resume_from)
+    return loop.run()
 
 
 def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar,
@@ -339,6 +487,8 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
+    from .tracking import default_callbacks  # TensorBoard; the hypertune report in a tuning trial (imports this module)
+    callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
     info = init_distributed()
     verbose = verbose and info.is_main
     device = device_for(info)
@@ -352,8 +502,13 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
         print(f"data: {splits.report}")
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
+    root = checkpoint_root(cfg.checkpoint_dir, job_dir)
+    resume_from = latest_checkpoint(root) if cfg.resume == "auto" else cfg.resume
+    if verbose and cfg.resume:
+        print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
     try:
-        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks)
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
+                       checkpoint_root=root, resume_from=resume_from)
         if info.is_main:  # one writer: every rank holds the same weights
             save_run(result, job_dir)
         barrier(info)

@@ -1,0 +1,141 @@
+"""Checkpoints that survive preemption: written atomically, found again with `--resume auto`.
+
+A checkpoint is a directory `checkpoint-<step>` holding the model weights (`model.safetensors`),
+the training state (`training_state.pt`: optimizer, scheduler, grad scaler, every RNG state, the
+epoch and batch position, the history so far; tensors and plain values only, loaded with
+`torch.load(weights_only=True)`), and `manifest.json` listing the files and their sizes.
+
+Only a checkpoint with a manifest counts. Locally the directory is written under a temporary name
+and renamed when complete; on `gs://` the files are uploaded first and the manifest last. So a
+job killed mid-write (SIGKILL, full disk, lost VM) leaves nothing that `latest_checkpoint` would
+pick up. The newest `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from .config import NLIError
+
+WEIGHTS, STATE, MANIFEST = "model.safetensors", "training_state.pt", "manifest.json"
+NAME = re.compile(r"checkpoint-(\d+)$")
+
+
+class CheckpointError(NLIError):
+    """A checkpoint could not be written or read."""
+
+
+def checkpoint_root(checkpoint_dir: str | None, job_dir: str) -> str:
+    """Where checkpoints go: the explicit dir, else Vertex's AIP_CHECKPOINT_DIR, else <job_dir>/checkpoints."""
+    return checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR") or f"{job_dir.rstrip('/')}/checkpoints"
+
+
+def _is_gcs(path: str) -> bool:
+    return str(path).startswith("gs://")
+
+
+def _write_files(directory: Path, model: torch.nn.Module, state: dict, step: int) -> None:
+    save_model(model, str(directory / WEIGHTS))
+    torch.save(state, directory / STATE)
+    files = {name: (directory / name).stat().st_size for name in (WEIGHTS, STATE)}
+    (directory / MANIFEST).write_text(json.dumps({"step": step, "files": files}))
+    for name in (WEIGHTS, STATE, MANIFEST):  # on disk before the rename makes it visible
+        with open(directory / name, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> str:
+    """Write checkpoint-<step> under `root` atomically and prune all but the newest `keep`."""
+    name = f"checkpoint-{step:08d}"
+    if _is_gcs(root):
+        return _save_gcs(root, name, step, model, state, keep)
+    root_path = Path(root)
+    tmp = None
+    try:
+        root_path.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root_path))
+        _write_files(tmp, model, state, step)
+        final = root_path / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk surfaces as any of these
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint {name} to {root} ({getattr(e, 'strerror', None) or e}); the previous "
+                              "checkpoint is kept. Free disk space or pass --checkpoint_dir elsewhere") from e
+    for old in sorted(_local_checkpoints(root_path))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old[1], ignore_errors=True)
+    return str(final)
+
+
+def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) -> str:
+    from . import storage
+
+    uri = f"{root.rstrip('/')}/{name}"
+    with tempfile.TemporaryDirectory(prefix="nli-ckpt-") as tmp:
+        _write_files(Path(tmp), model, state, step)
+        for file in (WEIGHTS, STATE, MANIFEST):  # the manifest last: it marks the checkpoint complete
+            storage.upload(Path(tmp) / file, f"{uri}/{file}")
+    complete = sorted(_gcs_checkpoints(root))
+    for _, old_uri in complete[:-keep] if keep > 0 else []:
+        storage.delete(f"{old_uri}/{MANIFEST}")  # first: from here on it no longer counts
+        storage.delete(old_uri)
+    return uri
+
+
+def _local_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    return [(int(m.group(1)), p) for p in root.iterdir()
+            if (m := NAME.match(p.name)) and (p / MANIFEST).is_file()]
+
+
+def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
+    from . import storage
+
+    found = []
+    for uri in storage.list_uris(root.rstrip("/") + "/"):
+        parent, _, file = uri.rpartition("/")
+        if file == MANIFEST and (m := NAME.match(parent.rpartition("/")[2])):
+            found.append((int(m.group(1)), parent))
+    return found
+
+
+def latest_checkpoint(root: str) -> str | None:
+    """The newest complete checkpoint under `root`, or None."""
+    if _is_gcs(root):
+        from . import storage
+
+        found = _gcs_checkpoints(root) if storage.exists(root) else []
+    else:
+        found = [(step, str(path)) for step, path in _local_checkpoints(Path(root))]
+    return max(found)[1] if found else None
+
+
+def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
+    """Load weights into `model` and return the training state (never through pickle)."""
+    if _is_gcs(path):
+        from . import storage
+
+        local = Path(tempfile.mkdtemp(prefix="nli-ckpt-"))
+        storage.download(path, local)
+        path = str(local)
+    directory = Path(path)
+    if not (directory / MANIFEST).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass --resume auto to "
+                              "pick the newest complete one")
+    try:
+        load_model(model, str(directory / WEIGHTS))
+        return torch.load(directory / STATE, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match this model") from e

@@ -1,0 +1,161 @@
+"""Faults: SIGTERM and SIGKILL mid-run, resume, non-finite loss, a full disk during a checkpoint write.
+
+The trainer runs as a real subprocess. The model is the tiny test BERT with dropout switched back
+on, so an exact resume also needs the RNG state restored, not only weights and optimizer.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_task
+
+from nli_helpers.checkpoint import MANIFEST, latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def dropout_model(tiny_model_dir, tmp_path_factory) -> str:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("dropout-model")
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, hidden_dropout_prob=0.1,
+                                                               attention_probs_dropout_prob=0.1)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return str(out)
+
+
+def args(job_dir: Path, model: str, *extra: str) -> list[str]:
+    return ["--profile", "smoke", "--data", "sample", "--model-name", model, "--epochs", "3",
+            "--batch_size", "4", "--precision", "fp32", "--checkpoint_every", "5", "--keep_checkpoints", "3",
+            "--log_every", "1", "--no-progress", "--job-dir", str(job_dir), *extra]
+
+
+def read(job_dir: Path):
+    history = [json.loads(line) for line in (job_dir / "history.jsonl").read_text().splitlines()]
+    return history, json.loads((job_dir / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dropout_model, tmp_path_factory):
+    job = tmp_path_factory.mktemp("uninterrupted") / "job"
+    proc = run_task(*args(job, dropout_model))
+    assert proc.returncode == 0, proc.stderr
+    return read(job)
+
+
+def start_and_interrupt(job: Path, model: str, sig: int) -> tuple[int, str]:
+    """Start training, wait for a random number of checkpoints, then send `sig` at a random moment.
+
+    Returns the exit code and stderr.
+    """
+    log = job.parent / "stderr.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args(job, model)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+        _interrupt(proc, job, sig)
+    return proc.returncode, log.read_text()
+
+
+def _interrupt(proc: subprocess.Popen, job: Path, sig: int) -> None:
+    wanted = random.randint(1, 6)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if len(list((job / "checkpoints").glob(f"checkpoint-*/{MANIFEST}"))) >= min(wanted, 3):
+            latest = latest_checkpoint(str(job / "checkpoints"))
+            if latest and int(latest.rsplit("-", 1)[1]) >= 5 * wanted:
+                break
+        time.sleep(0.02)
+    time.sleep(random.uniform(0, 0.3))
+    assert proc.poll() is None, "training finished before it could be interrupted"
+    proc.send_signal(sig)
+    proc.wait(timeout=300)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_interrupted_run_resumes_to_the_same_curve_and_metrics(sig, dropout_model, uninterrupted, tmp_path):
+    job = tmp_path / "job"
+    returncode, stderr = start_and_interrupt(job, dropout_model, sig)
+    if sig == signal.SIGTERM:
+        assert returncode == 143, stderr[-2000:]
+        assert "Rerun with --resume auto" in stderr
+    else:
+        assert returncode == -signal.SIGKILL
+    assert not (job / "metrics.json").exists()  # nothing that could pass for a result
+    stopped_at = int(latest_checkpoint(str(job / "checkpoints")).rsplit("-", 1)[1])
+    resumed = run_task(*args(job, dropout_model, "--resume", "auto"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"checkpoint-{stopped_at:08d}" in resumed.stdout
+    history, metrics = read(job)
+    want_history, want_metrics = uninterrupted
+    assert [r["step"] for r in history] == [r["step"] for r in want_history]
+    assert [r["loss"] for r in history] == [r["loss"] for r in want_history]  # exactly, after the resume too
+    for split in ("validation_matched", "validation_mismatched"):
+        assert metrics[split]["confusion_matrix"] == want_metrics[split]["confusion_matrix"]
+    assert [e["step"] for e in metrics["eval_history"]] == [e["step"] for e in want_metrics["eval_history"]]
+
+
+def test_resume_auto_without_checkpoints_starts_fresh_and_refuses_changed_settings(dropout_model, tmp_path):
+    job = tmp_path / "job"
+    first = run_task(*args(job, dropout_model, "--resume", "auto", "--epochs", "1"))
+    assert first.returncode == 0 and "starting fresh" in first.stdout
+    changed = run_task(*args(job, dropout_model, "--resume", "auto", "--epochs", "1", "--learning_rate", "3e-4"))
+    assert changed.returncode == 2
+    assert "learning_rate (0.0002 -> 0.0003) changed" in changed.stderr
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_model_dir, tmp_path):
+    job = tmp_path / "job"
+    proc = run_task("--profile", "smoke", "--model-name", tiny_model_dir, "--epochs", "2", "--batch_size", "8",
+                    "--learning_rate", "1e30", "--max_grad_norm", "0", "--warmup_ratio", "0", "--precision", "fp32",
+                    "--checkpoint_every", "1", "--log_every", "1", "--no-progress", "--job-dir", str(job))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "the training loss became" in proc.stderr and "at step" in proc.stderr
+    assert not (job / "metrics.json").exists()
+    good = latest_checkpoint(str(job / "checkpoints"))
+    if good:  # every checkpoint that exists was written before the loss went bad
+        import torch
+
+        state = torch.load(Path(good) / "training_state.pt", weights_only=True)
+        assert all(row["loss"] == row["loss"] and abs(row["loss"]) != float("inf") for row in state["history"])
+
+
+FULL_DISK = r"""
+import json, os, resource, signal, sys
+from pathlib import Path
+import torch
+from nli_helpers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from nli_helpers.model import load_model_and_tokenizer
+root = sys.argv[1]
+model, _ = load_model_and_tokenizer(sys.argv[2])
+save_checkpoint(root, 1, model, {"step": 1}, keep=2)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write then fails with EFBIG, like ENOSPC
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+try:
+    save_checkpoint(root, 2, model, {"step": 2}, keep=2)
+    outcome = "written"
+except CheckpointError as e:
+    outcome = str(e)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps({"outcome": outcome, "latest": latest_checkpoint(root),
+                  "state": load_checkpoint(latest_checkpoint(root), model)["step"],
+                  "left": sorted(os.listdir(root))}))
+"""
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny_model_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, str(root), tiny_model_dir], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "could not write checkpoint checkpoint-00000002" in result["outcome"]
+    assert "previous checkpoint is kept" in result["outcome"]
+    assert result["latest"].endswith("checkpoint-00000001") and result["state"] == 1
+    assert result["left"] == ["checkpoint-00000001"]  # the half-written one is gone
