@@ -168,7 +168,7 @@ def _read_json_records(path: Path) -> pd.DataFrame:
 def _json_array(path: Path, raw: bytes) -> pd.DataFrame:
     try:
         records = json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8"))
-    except UnicodeDecodeError:
+    except UnicodeDecodeError:  # a ValueError too, but read_table words it better
         raise
     except (ValueError, RecursionError) as e:
         where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""

@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from .config import NLIError
@@ -53,7 +54,8 @@ def tiny_random_path() -> Path:
     wordpiece.train_from_iterator((t for r in rows for t in (r["sentence1"], r["sentence2"])),
                                   vocab_size=2000, min_frequency=1, show_progress=False)
     wordpiece.save_model(str(out))
-    BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True).save_pretrained(out)
+    BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True,
+                      model_max_length=512).save_pretrained(out)  # = max_position_embeddings below
     config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
                         # No dropout: runs that should match (1 vs 2 processes, resume) match exactly.
@@ -76,41 +78,84 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+# Weights are read from safetensors only: a pickle (pytorch_model.bin) can run code when loaded.
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def _is_local(name: str) -> bool:
+    try:
+        return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+    except (OSError, ValueError):  # a NUL byte or an over-long name: not a usable path either way
+        raise ModelError(f"model name {name!r} is neither a hub name nor a usable path") from None
+
+
 def _check_source(name: str) -> None:
+    """A local model directory must hold config.json, safetensors weights and tokenizer files."""
     path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or path.exists()
-    if looks_local and not path.is_dir():
+    if not _is_local(name):
+        return
+    if not path.is_dir():
         raise ModelError(f"model directory {name} does not exist")
-    if looks_local and not (path / "config.json").is_file():
+    if not (path / "config.json").is_file():
         raise ModelError(f"model directory {name} has no config.json: it is not a saved "
                          "transformers model (save one with model.save_pretrained)")
+    if not any((path / f).is_file() for f in SAFE_WEIGHTS):
+        pickled = [f.name for f in path.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt")]
+        raise ModelError(f"model directory {name} has no model.safetensors"
+                         + (f" (only {', '.join(sorted(pickled))}: pickle files, which can run code when "
+                            "loaded, so this project never loads them)" if pickled else "")
+                         + "; save the model with model.save_pretrained(dir) (safetensors by default), "
+                         "or convert a trusted checkpoint once with safetensors.torch.save_model")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelError(f"model directory {name} has no tokenizer files (tokenizer.json, vocab.txt, ...); "
+                         "save them beside the model with tokenizer.save_pretrained(dir)")
 
 
 def _check_label_map(config, name: str) -> None:
     """A saved NLI classifier must use our label order, or its predictions would be permuted."""
+    # transformers has already checked that the ids are integers; both maps must agree with ours.
     saved = {str(k).lower(): int(v) for k, v in (config.label2id or {}).items()}
-    if saved and not all(k.startswith("label_") for k in saved) and saved != LABEL2ID:
-        raise ModelError(f"{name} was trained with labels {saved}, but this project uses {LABEL2ID}; "
-                         "retrain it here or remap its classifier rows")
+    named = {str(v).lower(): int(k) for k, v in (config.id2label or {}).items()}
+    for labels in (saved, named):
+        if labels and not all(k.startswith("label_") for k in labels) and labels != LABEL2ID:
+            raise ModelError(f"{name} was trained with labels {labels}, but this project uses {LABEL2ID}; "
+                             "retrain it here or remap its classifier rows")
 
 
 def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
     """Tokenizer + sequence classifier with our id2label/label2id, from a name or directory."""
     path = resolve_model_path(name)
     _check_source(path)
+    local = _is_local(path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        # trust_remote_code=False: a model that needs its own Python code is refused, never run.
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if local:
+            raise ModelError(f"model directory {name} has a config.json that transformers cannot use "
+                             f"({e.__class__.__name__}: {str(e)[:300]}); save the model again with "
+                             "model.save_pretrained (models that need custom code are not loaded)") from e
         raise ModelError(f"model {name!r} was not found: it is neither a local model directory nor "
                          f"reachable on the Hugging Face hub ({e.__class__.__name__}). Check the name, "
                          "or use an offline model: --model_name minilm-l6 or tiny-random") from e
     _check_label_map(config, name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID,
-        attn_implementation="sdpa", ignore_mismatched_sizes=True,
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = _load_classifier(path, num_labels)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # SafetensorError: a truncated file
+        raise ModelError(f"could not load model {name!r} ({e.__class__.__name__}: {str(e)[:300]}); its "
+                         "weights or tokenizer are missing or corrupt, or the hub has no model.safetensors "
+                         "for it (pickle weights are never loaded). Save or download it again") from e
     return model, tokenizer
+
+
+def _load_classifier(path: str, num_labels: int):
+    return AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID, use_safetensors=True,
+        trust_remote_code=False, attn_implementation="sdpa", ignore_mismatched_sizes=True,
+    )
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -41,7 +41,7 @@ from nli_helpers.config import NLIError
 
 GCS_SCHEME = "gs://"
 READ_ROLE = "roles/storage.objectViewer"
-WRITE_ROLE = "roles/storage.objectAdmin"
+WRITE_ROLE = "roles/storage.objectUser"  # create, read, list, delete; no ACL or IAM rights
 # A progress bar for a handful of files is noise in a notebook.
 PROGRESS_MIN_FILES = 4
 _CHUNK_BYTES = 1 << 20

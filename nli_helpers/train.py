@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -450,6 +451,13 @@ def default_job_dir() -> str:
 def check_job_dir(job_dir: str) -> None:
     """Fail before training, not after, when the output dir cannot be written."""
     if job_dir.startswith("gs://"):
+        # A write and a delete: exactly what roles/storage.objectUser grants, nothing bucket-level.
+        from . import storage
+
+        probe = f"{job_dir.rstrip('/')}/.nli-write-check-{socket.gethostname()}-{os.getpid()}"
+        with tempfile.NamedTemporaryFile() as empty:
+            storage.upload(empty.name, probe)
+        storage.delete(probe)
         return
     path = Path(job_dir).expanduser().resolve()
     parent = next(p for p in (path, *path.parents) if p.exists())

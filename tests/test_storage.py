@@ -175,7 +175,7 @@ def test_download_from_missing_bucket_names_it_and_role(gcs_emulator: GcsEmulato
 
 def test_upload_to_missing_bucket_names_it_and_role(gcs_emulator: GcsEmulator, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a")
-    with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectAdmin"):
+    with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectUser"):
         upload(tmp_path / "a.txt", "gs://no-such-bucket-xyz/a.txt")
 
 
