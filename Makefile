@@ -7,10 +7,10 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv demo test test-fast lint constraints clean
+.PHONY: help venv demo train-smoke test test-fast lint constraints clean
 
 help:
-	@echo "make demo   set up (first time) and run the smoke fine-tune + evaluation"
+	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
 	@echo "make lint | constraints | clean"
 
@@ -23,11 +23,18 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# Every notebook, headless (papermill), into runs/<timestamp>/, then a one-screen summary.
 demo: $(STAMP)
+	$(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
+
+# The trainer command alone, once: fine-tune + evaluate on the smoke profile.
+train-smoke: $(STAMP)
 	$(BIN)/python -m nli_helpers.task --profile smoke
 
+# Unit, integration and CLI tests, then every notebook under nbval (outputs stripped; asserts check).
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 test: $(STAMP)
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest tests notebooks $(NBVAL)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

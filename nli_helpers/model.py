@@ -45,6 +45,7 @@ def minilm_path() -> Path | None:
 @lru_cache(maxsize=1)
 def tiny_random_path() -> Path:
     """Write (once per process) a tiny untrained BERT and a word-piece tokenizer learnt from the sample."""
+    from safetensors.torch import save_model
     from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
@@ -61,7 +62,10 @@ def tiny_random_path() -> Path:
                         # No dropout: runs that should match (1 vs 2 processes, resume) match exactly.
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
-    BertForSequenceClassification(config).save_pretrained(out)
+    model = BertForSequenceClassification(config)
+    # Not model.save_pretrained: once torch.distributed is initialised it writes only on rank 0 (transformers 5).
+    config.save_pretrained(out)
+    save_model(model, str(out / "model.safetensors"))
     return out
 
 

@@ -32,6 +32,7 @@ MACHINE_PRICES_PER_HOUR: dict[str, float] = {
     "n1-standard-32": 1.7480,
     "n1-highmem-8": 0.5442,
     "n1-highmem-16": 1.0883,
+    "n1-highcpu-16": 0.6518,  # Reduction Server machine: Compute Engine $0.5668/h x 1.15, as for the n1 rows above
     "g2-standard-4": 0.1685,
     "g2-standard-8": 0.3370,
     "a2-highgpu-1g": 0.8504,

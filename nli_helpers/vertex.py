@@ -1,6 +1,7 @@
 """Run the trainer on Vertex AI: build the job from a `TrainConfig`, check it, submit it, watch it, fetch its outputs.
 
-The job runs `python -m nli_helpers.task` with `cfg.to_cli_args()`, on one of two kinds of worker:
+The job runs `python -m nli_helpers.task` with `cfg.to_cli_args()` (through `python -m nli_helpers.launch --`,
+which starts torchrun, when the job has more than one training process), on one of two kinds of worker:
 
 * python package on a prebuilt PyTorch training container: `build_sdist()` -> `stage_package()` ->
   `python_package_worker_pools(cfg, machine, package_uri)`; the image is chosen from `PREBUILT_PYTORCH_IMAGES`
@@ -17,8 +18,13 @@ The job runs `python -m nli_helpers.task` with `cfg.to_cli_args()`, on one of tw
     >>> watch_job(job)                          # progress until it ends; raises JobFailedError with the logs link
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
 
+Multi-worker: `Machine(..., replica_count=N)` gives a chief pool (1 replica) and a worker pool (N-1); pass
+`reduction_server=ReductionServer(replica_count=K)` for Google's Reduction Server pool (workerpool2, GPUs only), and
+price every pool with `estimate_job_cost(pools, hours)`.
+
 Vertex gives the job base_output_dir/model/, /checkpoints/ and /logs/ as AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
-AIP_TENSORBOARD_LOG_DIR; the job args carry no --job-dir, so the trainer writes to AIP_MODEL_DIR.
+AIP_TENSORBOARD_LOG_DIR; the job args carry no --job-dir, so the trainer writes to AIP_MODEL_DIR. With
+NLI_VERTEX_API_ENDPOINT set (the tests' and CI's local fake of Vertex), `init_vertex` talks to that endpoint.
 google-cloud-aiplatform is imported only when a function needs it (the trainer image does not carry it).
 """
 
@@ -28,6 +34,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,20 +46,28 @@ from typing import TYPE_CHECKING, Any
 from google.api_core import exceptions as api_exceptions
 from google.auth.exceptions import GoogleAuthError
 
-from nli_helpers import storage
+from nli_helpers import pricing, storage
 from nli_helpers.config import NLIError, TrainConfig
-from nli_helpers.pricing import CostEstimate, accelerator_problem, estimate_cost
+from nli_helpers.pricing import CostEstimate, PricingError, accelerator_problem, estimate_cost
 
 if TYPE_CHECKING:
     from google.cloud.aiplatform import CustomJob
 
-__all__ = ["Machine", "Check", "VertexError", "PreflightError", "JobFailedError", "NoPrebuiltImageError",
-           "build_sdist", "stage_package", "prebuilt_image_uri", "image_torch_version", "torch_minor",
-           "local_torch_version", "bucket_location_check", "job_args", "python_package_worker_pools",
-           "container_worker_pools", "preflight", "estimate_cost", "CostEstimate", "init_vertex",
-           "submit_custom_job", "watch_job", "logs_url", "fetch_outputs"]
+__all__ = ["Machine", "ReductionServer", "Check", "VertexError", "PreflightError", "JobFailedError",
+           "NoPrebuiltImageError", "build_sdist", "stage_package", "prebuilt_image_uri", "newest_prebuilt_image_uri",
+           "image_torch_version", "torch_minor", "local_torch_version", "bucket_location_check", "job_args",
+           "python_package_worker_pools", "container_worker_pools", "pools_table", "preflight", "estimate_cost",
+           "CostEstimate", "estimate_job_cost", "JobCostEstimate", "init_vertex", "submit_custom_job", "watch_job",
+           "logs_url", "fetch_outputs"]
 
 TASK_MODULE = "nli_helpers.task"
+LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun on each replica (multi-process jobs)
+API_ENDPOINT_ENV = "NLI_VERTEX_API_ENDPOINT"
+# Workerpool2 of a Reduction Server job: Google's reducer image on CPU machines; n1-highcpu-16 is what Google's
+# samples use (a VM's egress bandwidth grows with its vCPUs, and reducers need bandwidth, not memory).
+REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")
 PACKAGE_PREFIX = "nli-packages"
 TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 CREDENTIALS_HELP = ("no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
@@ -107,6 +122,28 @@ class Machine:
             spec.update(accelerator_type=self.accelerator_type, accelerator_count=self.accelerator_count)
         return spec
 
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.accelerator_type and self.accelerator_count)
+
+    @property
+    def multi_process(self) -> bool:
+        """More than one training process (replicas, or GPUs per replica): the job must start through torchrun."""
+        return self.replica_count > 1 or (self.has_gpu and self.accelerator_count > 1)
+
+
+@dataclass(frozen=True)
+class ReductionServer:
+    """Workerpool2: reducers that aggregate the GPU nodes' NCCL all-reduce traffic (they run Google's image)."""
+
+    replica_count: int = 1
+    machine_type: str = REDUCTION_SERVER_MACHINE_TYPE
+    image_uri: str = REDUCTION_SERVER_IMAGE
+
+    def worker_pool(self) -> dict:
+        return {"machine_spec": {"machine_type": self.machine_type}, "replica_count": self.replica_count,
+                "container_spec": {"image_uri": self.image_uri}}
+
 
 @dataclass(frozen=True)
 class Check:
@@ -125,9 +162,11 @@ def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | Non
     if not (project / "pyproject.toml").is_file():
         raise VertexError(f"no pyproject.toml in {project}: build_sdist needs the project's source checkout")
     out = Path(out_dir) if out_dir else project / "dist"
+    # A Jupyter kernel sets FORCE_COLOR, and `build` then wraps the file name in ANSI codes: ask for none, strip any.
+    env = {**{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")}, "NO_COLOR": "1"}
     proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(project)],
-                          capture_output=True, text=True)
-    built = re.findall(r"Successfully built (\S+\.tar\.gz)", proc.stdout)
+                          capture_output=True, text=True, env=env)
+    built = re.findall(r"Successfully built (\S+\.tar\.gz)", re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout))
     if proc.returncode or not built:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise VertexError(f"`python -m build --sdist` failed (is `build` installed? pip install build):\n{tail}")
@@ -175,6 +214,12 @@ def prebuilt_image_uri(torch_version: str, *, gpu: bool = True, region: str = "u
     return f"{registry_host(region)}/vertex-ai/training/{gpu_image if gpu else cpu_image}:latest"
 
 
+def newest_prebuilt_image_uri(*, gpu: bool = True, region: str = "us-central1") -> str:
+    """The newest prebuilt PyTorch training image in the table (for the python-package path when yours has none)."""
+    return prebuilt_image_uri(max(PREBUILT_PYTORCH_IMAGES, key=lambda v: tuple(map(int, v.split(".")))),
+                              gpu=gpu, region=region)
+
+
 def image_torch_version(image_uri: str) -> str | None:
     """The torch major.minor of a prebuilt image URI from the table, else None."""
     name = image_uri.rsplit("/", 1)[-1].split(":")[0]
@@ -188,34 +233,75 @@ def job_args(cfg: TrainConfig) -> list[str]:
 
 
 def python_package_worker_pools(cfg: TrainConfig, machine: Machine, package_uri: str, *,
-                                executor_image_uri: str | None = None, region: str = "us-central1") -> list[dict]:
-    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the task module."""
-    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=bool(machine.accelerator_type),
-                                                     region=region)
-    return _pools(machine, "python_package_spec", {"executor_image_uri": image, "package_uris": [package_uri],
-                                                   "python_module": TASK_MODULE, "args": job_args(cfg)})
+                                executor_image_uri: str | None = None, region: str = "us-central1",
+                                reduction_server: ReductionServer | None = None) -> list[dict]:
+    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the task module.
+
+    A multi-process job (several replicas or GPUs) runs `python -m nli_helpers.launch -- ARGS` instead, which
+    reads CLUSTER_SPEC and starts torchrun: Vertex's own RANK / WORLD_SIZE count nodes, not processes.
+    """
+    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu, region=region)
+    module, args = _entry(cfg, machine)
+    code = {"executor_image_uri": image, "package_uris": [package_uri], "python_module": module, "args": args}
+    return _pools(machine, "python_package_spec", code, reduction_server)
 
 
-def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str) -> list[dict]:
-    """Worker pools that run a custom image whose ENTRYPOINT is `python -m nli_helpers.task` (docker/Dockerfile)."""
-    return _pools(machine, "container_spec", {"image_uri": image_uri, "args": job_args(cfg)})
+def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *,
+                           reduction_server: ReductionServer | None = None) -> list[dict]:
+    """Worker pools that run a custom image whose ENTRYPOINT is `python -m nli_helpers.task` (docker/Dockerfile).
+
+    A multi-process job overrides the ENTRYPOINT with `python -m nli_helpers.launch` (args `-- ARGS`).
+    """
+    module, args = _entry(cfg, machine)
+    code = {"image_uri": image_uri, "args": args}
+    if module == LAUNCH_MODULE:
+        code = {"image_uri": image_uri, "command": ["python", "-m", LAUNCH_MODULE], "args": args}
+    return _pools(machine, "container_spec", code, reduction_server)
 
 
-def _pools(machine: Machine, code_key: str, code: dict) -> list[dict]:
-    # Vertex wants exactly one replica in pool 0 (the chief); further replicas go in pool 1.
+def _entry(cfg: TrainConfig, machine: Machine) -> tuple[str, list[str]]:
+    if machine.multi_process:
+        return LAUNCH_MODULE, ["--", *job_args(cfg)]
+    return TASK_MODULE, job_args(cfg)
+
+
+def _pools(machine: Machine, code_key: str, code: dict, reduction_server: ReductionServer | None) -> list[dict]:
+    # Vertex wants exactly one replica in pool 0 (the chief); further replicas go in pool 1, reducers in pool 2.
     pool = {"machine_spec": machine.machine_spec(), code_key: code}
     pools = [{**pool, "replica_count": 1}]
     if machine.replica_count > 1:
         pools.append({**pool, "replica_count": machine.replica_count - 1})
+    if reduction_server is not None:
+        if len(pools) < 2:
+            raise VertexError("a Reduction Server reduces traffic between training nodes: set replica_count >= 2 "
+                              "(a chief and at least one worker), or drop reduction_server")
+        pools.append(reduction_server.worker_pool())
     return pools
+
+
+def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
+    """One row per worker pool (role, replicas, machine, GPUs, what it runs): for a quick look before submitting."""
+    rows = []
+    for i, pool in enumerate(worker_pool_specs):
+        spec, code = pool.get("machine_spec", {}), pool.get("python_package_spec") or pool.get("container_spec", {})
+        runs = code.get("python_module") or " ".join(code.get("command", [])) or "(image entry point)"
+        rows.append({"pool": f"workerpool{i}", "role": POOL_ROLES[i], "replicas": pool.get("replica_count", 0),
+                     "machine": spec.get("machine_type"), "gpus": f"{spec['accelerator_count']} x "
+                     f"{spec['accelerator_type']}" if spec.get("accelerator_type") else "-",
+                     "image": code.get("executor_image_uri") or code.get("image_uri"), "runs": runs,
+                     "args": " ".join(code.get("args", []))})
+    return rows
 
 
 # -- preflight -----------------------------------------------------------------------------------------------------
 def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainConfig | None = None,
               sdist: str | Path | None = None, executor_image_uri: str | None = None, image_uri: str | None = None,
-              labels: dict[str, str] | None = None, raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
+              labels: dict[str, str] | None = None, reduction_server: ReductionServer | None = None,
+              raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
     """Check a job before it costs money. Python-package path: pass `sdist`; custom container: pass `image_uri`."""
     checks = [_check_bucket(staging_bucket, region), _check_machine(machine)]
+    if reduction_server is not None:
+        checks.append(_check_reduction_server(reduction_server, machine, custom_container=bool(image_uri)))
     if image_uri:
         checks.append(Check("image/torch", "ok", f"custom container {image_uri}: torch comes from its base image "
                             "(docker/Dockerfile pins the torch of constraints.txt)"))
@@ -269,6 +355,27 @@ def _check_machine(machine: Machine) -> Check:
                  f"x {machine.replica_count} replica(s)")
 
 
+def _check_reduction_server(server: ReductionServer, machine: Machine, *, custom_container: bool) -> Check:
+    name = "reduction server"
+    if not machine.has_gpu:
+        return Check(name, "fail", "Reduction Server speeds up NCCL all-reduce between GPU nodes, and NCCL needs "
+                     "GPUs: give the training pools an accelerator_type and accelerator_count, or drop the "
+                     "Reduction Server pool (CPU replicas use gloo, which it does not serve)")
+    if machine.replica_count < 2:
+        return Check(name, "fail", "a single training node has no traffic between nodes to reduce: set "
+                     "replica_count >= 2, or drop the Reduction Server pool")
+    problem = accelerator_problem(server.machine_type, None, 0)
+    if problem or server.replica_count < 1:
+        return Check(name, "fail", f"reducers run on CPU machines without GPUs ({REDUCTION_SERVER_MACHINE_TYPE} is "
+                     f"the usual choice), at least one replica: {problem or f'replica_count={server.replica_count}'}")
+    summary = f"{server.replica_count} x {server.machine_type} running {server.image_uri}"
+    if custom_container:
+        return Check(name, "warn", f"{summary}; your image must carry Google's Reduction Server NCCL plugin "
+                     "(the google-reduction-server package; prebuilt GPU training images have it, docker/Dockerfile "
+                     "does not install it): without it NCCL ignores the reducers")
+    return Check(name, "ok", summary)
+
+
 def _check_sdist(sdist: str | Path | None) -> Check:
     if sdist is None or not Path(sdist).is_file() or not str(sdist).endswith(".tar.gz"):
         return Check("package", "fail", f"no built sdist at {sdist}: build it with vertex.build_sdist()")
@@ -313,6 +420,52 @@ def _check_labels(labels: dict[str, str]) -> Check:
     return Check("labels", "ok", ", ".join(f"{k}={v}" for k, v in labels.items()))
 
 
+# -- cost of every pool ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobCostEstimate:
+    """The cost of a whole job: one `CostEstimate` per worker pool, summed."""
+
+    pools: tuple[tuple[str, CostEstimate], ...]
+
+    @property
+    def per_hour(self) -> float:
+        return sum(est.per_hour for _, est in self.pools)
+
+    @property
+    def total(self) -> float:
+        return sum(est.total for _, est in self.pools)
+
+    def __str__(self) -> str:
+        hours = self.pools[0][1].hours
+        lines = [f"about ${self.total:.2f} = ${self.per_hour:.4f}/h x {hours:g} h, over every pool:"]
+        for name, est in self.pools:
+            gpu = (f" + {est.accelerator_count} x {est.accelerator_type} ${est.accelerator_per_hour:.4f}/h"
+                   if est.accelerator_type else "")
+            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} ${est.machine_per_hour:.4f}/h{gpu}) "
+                         f"= ${est.per_hour:.4f}/h")
+        lines.append(f"approximate on-demand list prices in {pricing.PRICE_REGION} as of {pricing.PRICE_TABLE_DATE}; "
+                     f"Spot VMs cost less, other regions differ: check {pricing.PRICE_SOURCE}")
+        return "\n".join(lines)
+
+
+def estimate_job_cost(worker_pool_specs: list[dict], hours: float = 1.0) -> JobCostEstimate:
+    """Price every worker pool of a job (chief, workers, reduction server) for `hours` from the table in pricing.py."""
+    parts = []
+    for i, pool in enumerate(worker_pool_specs):
+        spec = pool.get("machine_spec", {})
+        if not pool.get("replica_count"):
+            continue
+        try:
+            est = estimate_cost(spec["machine_type"], spec.get("accelerator_type"), spec.get("accelerator_count", 0),
+                                replica_count=pool["replica_count"], hours=hours)
+        except PricingError as err:
+            raise PricingError(f"workerpool{i} ({POOL_ROLES[i]}): {err}") from err
+        parts.append((f"workerpool{i} ({POOL_ROLES[i]})", est))
+    if not parts:
+        raise PricingError("no worker pool with replicas to price")
+    return JobCostEstimate(tuple(parts))
+
+
 # -- submit, watch, fetch -------------------------------------------------------------------------------------------
 def _aiplatform():
     try:
@@ -322,20 +475,38 @@ def _aiplatform():
     return aiplatform
 
 
-def init_vertex(project: str, region: str, staging_bucket: str, *, credentials=None, api_endpoint: str | None = None,
-                api_transport: str = "rest") -> None:
-    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests)."""
+def init_vertex(project: str | None, region: str, staging_bucket: str | None, *, credentials=None,
+                api_endpoint: str | None = None, api_transport: str = "rest") -> str:
+    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests); return the endpoint.
+
+    `project=None` takes $GOOGLE_CLOUD_PROJECT, else your gcloud default. `api_endpoint=None` takes
+    $NLI_VERTEX_API_ENDPOINT (the local fake in CI), else the region's Vertex AI endpoint. A plain-HTTP endpoint
+    can only be a local fake, so it gets anonymous credentials, as the storage emulator does.
+    """
     import google.auth
+    from google.auth.credentials import AnonymousCredentials
     from google.auth.exceptions import DefaultCredentialsError
 
+    api_endpoint = api_endpoint or os.environ.get(API_ENDPOINT_ENV) or f"{region}-aiplatform.googleapis.com"
+    project = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    if credentials is None and api_endpoint.startswith("http://"):
+        credentials = AnonymousCredentials()
     if credentials is None:
         try:
-            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            credentials, default_project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         except DefaultCredentialsError as err:
             raise VertexError(CREDENTIALS_HELP) from err
+        project = project or default_project
+    if not project:
+        raise VertexError("no Google Cloud project: pass project=..., set GOOGLE_CLOUD_PROJECT, or run "
+                          "`gcloud config set project PROJECT_ID`")
+    if not staging_bucket or not storage.is_gcs_uri(staging_bucket):
+        raise VertexError(f"staging_bucket={staging_bucket!r}: Vertex needs a gs://BUCKET in the job's region to stage "
+                          f"packages; create one with `gcloud storage buckets create gs://BUCKET --location={region}`")
     # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
     _aiplatform().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
-                       api_endpoint=api_endpoint or f"{region}-aiplatform.googleapis.com", api_transport=api_transport)
+                       api_endpoint=api_endpoint, api_transport=api_transport)
+    return api_endpoint
 
 
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, display_name: str | None = None,

@@ -51,7 +51,21 @@ def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
     for pool in pools:
         assert pool["machine_spec"] == {"machine_type": "n1-standard-8", "accelerator_type": "NVIDIA_TESLA_T4",
                                         "accelerator_count": 2}
-        assert pool["container_spec"] == {"image_uri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}
+        # Several processes: the image's ENTRYPOINT (the trainer) gives way to the torchrun launcher.
+        assert pool["container_spec"] == {"image_uri": "gcr.io/p/trainer:1", "command": ["python", "-m",
+                                          "nli_helpers.launch"], "args": ["--", *vertex.job_args(cfg)]}
+
+
+def test_one_process_runs_the_trainer_itself_and_several_go_through_the_launcher():
+    cfg = make_config("smoke", **TINY_JOB)
+    for machine, module in [(Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1), "nli_helpers.task"),
+                            (Machine("n1-standard-4", None, 0), "nli_helpers.task"),
+                            (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2), "nli_helpers.launch"),
+                            (Machine("n1-standard-4", None, 0, replica_count=2), "nli_helpers.launch")]:
+        (pool, *_) = vertex.python_package_worker_pools(cfg, machine, "gs://b/p.tar.gz", executor_image_uri=IMAGE_2_4)
+        assert pool["python_package_spec"]["python_module"] == module, machine
+        args = pool["python_package_spec"]["args"]
+        assert args == (vertex.job_args(cfg) if module == "nli_helpers.task" else ["--", *vertex.job_args(cfg)])
 
 
 @pytest.mark.parametrize("torch_version, gpu, region, image", [
@@ -173,9 +187,26 @@ def test_preflight_warns_when_the_prebuilt_image_has_another_torch(gcs_bucket, s
 
 
 def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):
+    monkeypatch.delenv(vertex.API_ENDPOINT_ENV, raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
     with pytest.raises(vertex.VertexError, match="gcloud auth application-default login"):
         vertex.init_vertex(PROJECT, REGION, "gs://bucket")
+
+
+def test_init_takes_the_endpoint_and_project_from_the_environment(fake_vertex, gcs_bucket, monkeypatch):
+    # What notebook 04 relies on in CI: nothing but the environment points it at the fake.
+    monkeypatch.setenv(vertex.API_ENDPOINT_ENV, fake_vertex.endpoint)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "env-project")
+    assert vertex.init_vertex(None, REGION, f"gs://{gcs_bucket}") == fake_vertex.endpoint  # plain HTTP: anonymous
+    vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/t:1"),
+                             base_output_dir=f"gs://{gcs_bucket}/run-env")
+    (create,) = [r for r in fake_vertex.requests if r.method == "POST"]
+    assert create.path == "/v1/projects/env-project/locations/us-central1/customJobs"
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    with pytest.raises(vertex.VertexError, match="no Google Cloud project: pass project="):
+        vertex.init_vertex(None, REGION, f"gs://{gcs_bucket}")
+    with pytest.raises(vertex.VertexError, match="Vertex needs a gs://BUCKET.*--location=us-central1"):
+        vertex.init_vertex(PROJECT, REGION, None)
 
 
 # -- request bodies as the fake receives them -------------------------------------------------------------------
@@ -206,7 +237,7 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
         assert pool["machineSpec"] == {"machineType": "n1-standard-8",
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_T4.value, "acceleratorCount": 2}
         assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package_uri],
-                                             "pythonModule": "nli_helpers.task", "args": vertex.job_args(cfg)}
+                                             "pythonModule": "nli_helpers.launch", "args": ["--", *vertex.job_args(cfg)]}
     assert "--max_train_samples=64" in vertex.job_args(cfg) and "--model_name=tiny-random" in vertex.job_args(cfg)
     assert not fake_vertex.unknown_requests
 

@@ -1,0 +1,140 @@
+"""Look inside the trainer's sdist and install it into a fresh venv the way Vertex AI's prebuilt PyTorch image does.
+
+Vertex's python-package path runs `pip install <sdist>` (no extras) on an image that already holds torch, then
+`python -m nli_helpers.task ARGS`. This module repeats that on your machine, so a broken package fails here, not
+twenty minutes into a cloud job (notebook 03, tests/test_packaging.py and the Vertex fake in tests/ all use it):
+
+    >>> sdist = vertex.build_sdist("runs/package/dist")
+    >>> sdist_members(sdist)                                  # [(path inside the sdist, bytes), ...]
+    >>> python = make_container_venv("runs/package/venv")    # a fresh venv holding only the pinned torch
+    >>> install_sdist(python, sdist)                          # pip install <sdist>, as Vertex does
+    >>> run_task(python, make_config("smoke", model_name="tiny-random", job_dir="runs/package/job"), cwd=...)
+
+pip installs under the project's constraints.txt (the tested pins; the checkout has it, the sdist does not), so
+the check is reproducible; on Vertex pip resolves the package's ranges instead, which is why they are ranges.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nli_helpers.config import NLIError, TrainConfig
+
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
+# What a container would not have: the checkout on the path, the notebook's venv, the developer's data file; and
+# the colour switches a Jupyter kernel sets, which would put ANSI codes into the output parsed here.
+HOST_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NLI_REAL_DATA", "FORCE_COLOR", "CLICOLOR_FORCE")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+TIMEOUT_S = 1800
+
+
+class PackagingError(NLIError):
+    """Creating the venv, installing the sdist or running it failed; the message holds pip's or the run's tail."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """What `pip install` did: the distributions it installed (name-version) and how long it took."""
+
+    installed: tuple[str, ...]
+    seconds: float
+
+    def __str__(self) -> str:
+        ours = [d for d in self.installed if d.startswith("nli-helpers-") or d.startswith("nli_helpers-")]
+        return (f"installed {len(self.installed)} distributions in {self.seconds:.0f}s "
+                f"({', '.join(ours) or 'nli-helpers already installed'})")
+
+
+def constraints_file(constraints: str | Path | None = None) -> Path:
+    path = Path(constraints) if constraints else CONSTRAINTS
+    if not path.is_file():
+        raise PackagingError(f"no constraints file at {path}: run this from the project's checkout "
+                             "(constraints.txt holds the tested pins)")
+    return path
+
+
+def pinned_torch(constraints: str | Path | None = None) -> str:
+    """The torch version constraints.txt pins, e.g. '2.13.0'."""
+    found = re.search(r"^torch==(\S+)$", constraints_file(constraints).read_text(), re.M)
+    if not found:
+        raise PackagingError(f"{constraints_file(constraints)} pins no torch==VERSION")
+    return found.group(1)
+
+
+def sdist_members(sdist: str | Path) -> list[tuple[str, int]]:
+    """(path inside the package, size in bytes) of every file in the sdist, without its top folder."""
+    with tarfile.open(sdist) as tar:
+        return sorted((m.name.split("/", 1)[1], m.size) for m in tar.getmembers() if m.isfile() and "/" in m.name)
+
+
+def _pip(python: Path, *args: str, constraints: str | Path | None = None) -> subprocess.CompletedProcess:
+    command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-c",
+               str(constraints_file(constraints)), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=clean_env())
+    if proc.returncode:
+        raise PackagingError(f"`pip install {' '.join(args)}` failed:\n{proc.stderr.strip()[-3000:]}")
+    return proc
+
+
+def make_container_venv(path: str | Path, *, torch_index_url: str | None = None,
+                        constraints: str | Path | None = None) -> Path:
+    """A fresh venv holding only the pinned torch, as Vertex's prebuilt PyTorch image does; returns its python.
+
+    `torch_index_url` picks where torch comes from (e.g. https://download.pytorch.org/whl/cpu for a small CPU
+    build on a machine where PyPI's default wheel is a multi-GB CUDA one).
+    """
+    path = Path(path)
+    if path.exists():
+        raise PackagingError(f"{path} already exists: pick a new folder, the point is a fresh venv")
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, capture_output=True)
+    python = path / "bin" / "python"
+    index = ["--index-url", torch_index_url] if torch_index_url else []
+    _pip(python, "--quiet", *index, f"torch=={pinned_torch(constraints)}", constraints=constraints)
+    return python
+
+
+def install_sdist(python: str | Path, sdist: str | Path, *, extras: str = "",
+                  constraints: str | Path | None = None) -> Install:
+    """`pip install <sdist>[extras]` into that python, as Vertex does (with no extras), under the constraints."""
+    start = time.perf_counter()
+    requirement = f"{sdist}[{extras}]" if extras else str(sdist)
+    proc = _pip(Path(python), requirement, constraints=constraints)
+    done = re.findall(r"^Successfully installed (.+)$", proc.stdout, re.M)
+    return Install(tuple(done[-1].split()) if done else (), time.perf_counter() - start)
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without what a container would not have, plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if k not in HOST_ONLY_ENV}, "NO_COLOR": "1", **(extra or {})}
+
+
+def run_module(python: str | Path, module: str, args: list[str], *, cwd: str | Path,
+               env: dict[str, str] | None = None, timeout: int = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`python -m module ARGS` in `cwd` (outside the checkout, so the installed copy is imported)."""
+    return subprocess.run([str(python), "-m", module, *args], cwd=cwd, env=clean_env(env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def installed_version(python: str | Path, dist: str, *, cwd: str | Path) -> str:
+    """The version of distribution `dist` installed in that python ('' when absent)."""
+    proc = run_module(python, "pip", ["show", dist], cwd=cwd)
+    found = re.search(r"^Version: (\S+)$", proc.stdout, re.M)
+    return found.group(1) if found else ""
+
+
+def run_task(python: str | Path, cfg: TrainConfig, *, cwd: str | Path) -> subprocess.CompletedProcess:
+    """Run the installed trainer on `cfg` (its job_dir must be set); offline on the smoke profile."""
+    if not cfg.job_dir:
+        raise PackagingError("set cfg.job_dir: the run's model and metrics.json go there")
+    env = OFFLINE_ENV if cfg.profile == "smoke" else {}
+    proc = run_module(python, "nli_helpers.task", [*cfg.to_cli_args(), "--no-progress"], cwd=cwd, env=env)
+    if proc.returncode:
+        raise PackagingError(f"the installed trainer exited {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
+    return proc

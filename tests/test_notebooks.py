@@ -1,0 +1,162 @@
+"""The notebooks' shape, checked without running them (nbval runs them: see notebooks/README.md).
+
+What is checked here: one `parameters` cell right after the imports, every parameter a TrainConfig
+field of the same type or a documented notebook-only one, the params/*.yaml files use known names
+with the right types, short cells with prose before each, the STYLE.md outline, and outputs
+stripped (correctness comes from assert cells, so there must be some, and no NBVAL_CHECK_OUTPUT
+marker that a stripped notebook would silently skip).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import typing
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+import yaml
+
+from nli_helpers.config import TrainConfig, make_config
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+PARAM_FILES = sorted((NOTEBOOK_DIR / "params").glob("*.yaml"))
+# Parameters that are not TrainConfig fields; each must be documented in notebooks/README.md.
+NOTEBOOK_ONLY = {"smoke_max_samples": int,
+                 "package_extras": str, "torch_index_url": str, "keep_venv": bool,
+                 "project": str, "region": str, "staging_bucket": str, "api_endpoint": str, "machine_type": str,
+                 "accelerator_type": str, "accelerator_count": int, "replica_count": int,
+                 "reduction_server_count": int, "spot": bool, "expected_hours": float, "container_image_uri": str,
+                 "delete_outputs": bool}
+MAX_CELL_LINES = 15
+OUTLINE = ("## What you will learn", "## Cost and run time", "## Set up", "## Clean up", "## Next steps")
+FIELD_TYPES = typing.get_type_hints(TrainConfig)
+
+ids = [nb.stem for nb in NOTEBOOKS]
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def base_types(hint) -> set:
+    """`int | None`, `Optional[int]` and `int` all give {int}."""
+    args = typing.get_args(hint)
+    return {a for a in args if a is not type(None)} if args else {hint}
+
+
+def test_notebooks_exist():
+    assert [nb.name for nb in NOTEBOOKS][:2] == ["01_explore_mnli.ipynb", "02_finetune_local.ipynb"]
+    assert {p.name for p in PARAM_FILES} >= {"smoke.yaml", "full.yaml"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_one_parameters_cell_right_after_the_imports(path):
+    cells = code_cells(read(path))
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
+    assert tagged == [1], f"{path.name}: want exactly one parameters cell, the second code cell; got {tagged}"
+    assert "import " in cells[0].source, "the first code cell is the set-up imports"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_parameter_is_a_typed_trainconfig_field_or_documented(path):
+    params = papermill.inspect_notebook(str(path))
+    source = code_cells(read(path))[1].source
+    assignments = [line for line in source.splitlines() if line and not line.startswith("#")]
+    assert len(params) == len(assignments), "papermill could not parse every line of the parameters cell"
+    assert params["profile"]["default"] == '"auto"'
+    namespace = {"Optional": typing.Optional}
+    for name, p in params.items():
+        assert p["help"], f"{name} has no comment"
+        hint = eval(p["inferred_type_name"], namespace)  # e.g. "Optional[int]"
+        if name in NOTEBOOK_ONLY:
+            assert base_types(hint) == {NOTEBOOK_ONLY[name]}
+            continue
+        assert name in FIELD_TYPES, f"{name} is neither a TrainConfig field nor in NOTEBOOK_ONLY"
+        assert base_types(hint) == base_types(FIELD_TYPES[name]), f"{name}: {hint} vs {FIELD_TYPES[name]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_parameter_defaults_make_a_valid_config(path):
+    params = papermill.inspect_notebook(str(path))
+    values = {n: ast.literal_eval(p["default"]) for n, p in params.items()}
+    fields = {n: v for n, v in values.items() if n in FIELD_TYPES and n != "profile"}
+    assert make_config("smoke", **fields).profile == "smoke"
+
+
+def test_notebook_only_parameters_are_documented():
+    readme = (NOTEBOOK_DIR / "README.md").read_text()
+    for name in NOTEBOOK_ONLY:
+        assert f"`{name}`" in readme
+
+
+@pytest.mark.parametrize("params_file", PARAM_FILES, ids=[p.stem for p in PARAM_FILES])
+def test_params_files_use_known_names_with_the_right_types(params_file):
+    values = yaml.safe_load(params_file.read_text())
+    declared = {name for nb in NOTEBOOKS for name in papermill.inspect_notebook(str(nb))}
+    assert set(values) <= declared, f"unknown: {set(values) - declared}"
+    for name, value in values.items():
+        want = NOTEBOOK_ONLY.get(name) or base_types(FIELD_TYPES[name])
+        want = set(want) if isinstance(want, set) else {want}
+        if float in want:
+            want.add(int)  # YAML reads 2 as an int; but 2e-5 without a dot is a *string*
+        assert type(value) in want or value is None, f"{params_file.name}: {name}={value!r} is not {want}"
+    assert values["profile"] == params_file.stem
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_code_cells_are_short_and_follow_prose(path):
+    cells = read(path).cells
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code":
+            continue
+        lines = cell.source.strip().splitlines()
+        assert len(lines) <= MAX_CELL_LINES, f"cell {i} has {len(lines)} lines:\n{cell.source}"
+        assert i > 0 and cells[i - 1].cell_type == "markdown", f"cell {i} has no prose before it:\n{cell.source}"
+        assert "%%writefile" not in cell.source and "sys.exit" not in cell.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_outline_follows_style(path):
+    markdown = [c.source for c in read(path).cells if c.cell_type == "markdown"]
+    assert markdown[0].startswith("# "), "the first cell is the title"
+    assert len(markdown[0].strip().splitlines()) >= 2, "a one-line purpose follows the title"
+    positions = [next((i for i, text in enumerate(markdown) if text.startswith(h)), None) for h in OUTLINE]
+    assert None not in positions, dict(zip(OUTLINE, positions))
+    assert positions == sorted(positions), "outline sections out of order"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_committed_stripped_with_assert_cells(path):
+    nb = read(path)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for cell in code_cells(nb):
+        assert cell.outputs == [] and cell.execution_count is None, "commit notebooks with outputs stripped"
+        # With stripped outputs nbval compares nothing, so an output marker would be a silent no-op.
+        assert "NBVAL_CHECK_OUTPUT" not in cell.source
+    asserts = [c for c in code_cells(nb) if any(line.lstrip().startswith("assert ") for line in c.source.splitlines())]
+    assert len(asserts) >= 3, "correctness comes from assert cells"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_library_code_copied_into_cells(path):
+    for cell in code_cells(read(path)):
+        tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith("%")))
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defs, f"define functions in nli_helpers, not in a notebook:\n{cell.source}"
+
+
+def test_full_params_are_the_reference_recipe():
+    values = yaml.safe_load((NOTEBOOK_DIR / "params" / "full.yaml").read_text())
+    fields = {k: v for k, v in values.items() if k in FIELD_TYPES and k != "profile"}
+    cfg = make_config("full", **fields)
+    assert (cfg.model_name, cfg.epochs, cfg.batch_size, cfg.learning_rate) == ("roberta-base", 2, 32, 2e-5)
+    assert dataclasses.asdict(cfg)["data"] == "nyu-mll/multi_nli"
