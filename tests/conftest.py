@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, run_task  # noqa: F401  (re-exported for older imports)
 
 pytest_plugins = ["tests.gcs_emulator"]  # a real Cloud Storage emulator on loopback
 
@@ -42,11 +41,3 @@ def tiny_model_dir() -> str:
     from nli_helpers.model import tiny_random_path
 
     return str(tiny_random_path())
-
-
-def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
-    """Run `python -m nli_helpers.task` as a user would, returning the CompletedProcess."""
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "nli_helpers.task", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout)

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
 
 from nli_helpers.distributed import DistributedError, cluster_layout, torchrun_command
+from tests.helpers import ROOT
 
 
 def spec(task_type, index=0, workers=0, reducers=0):

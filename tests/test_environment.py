@@ -4,8 +4,9 @@ import re
 
 import tomllib
 import yaml
-from conftest import ROOT
 from packaging.requirements import Requirement
+
+from tests.helpers import ROOT
 
 
 def canonical(name: str) -> str:

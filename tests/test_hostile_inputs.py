@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT, run_task
 
 from nli_helpers.config import ConfigError, NLIError
 from nli_helpers.data import LABELS, DataError, load_nli_splits, tokenize_splits
 from nli_helpers.model import ModelError, load_model_and_tokenizer
 from nli_helpers.storage import StorageError
+from tests.helpers import ROOT, run_task
 
 # 20 premises x 3 labels: enough for a premise split with eval_fraction 0.3 to leave both parts non-empty.
 ROWS = [{"premise": f"a man walks his dog number {i // 3} in the park",

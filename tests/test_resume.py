@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_task
 
 from nli_helpers.checkpoint import MANIFEST, latest_checkpoint
+from tests.helpers import ROOT, run_task
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_task
+
+from tests.helpers import ROOT, run_task
 
 SECRET_PATTERNS = {
     "Google API key": re.compile(r"AIza[0-9A-Za-z_\-]{35}"),

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from conftest import run_task
+
+from tests.helpers import run_task
 
 
 def test_help_lists_every_field_with_its_help():
