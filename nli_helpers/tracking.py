@@ -1,0 +1,223 @@
+"""Watch a run while it trains: TensorBoard scalars, and the metric a Vertex AI tuning trial reports.
+
+Two `TrainCallback`s for `run_training(cfg, callbacks=[...])`:
+
+* `TensorBoardCallback(log_dir)`: loss, learning rate, examples/s and tokens/s per log interval, and
+  accuracy and macro-F1 per validation split after every evaluation, written with
+  `torch.utils.tensorboard.SummaryWriter`. A `gs://` log dir is written locally and uploaded (with
+  `nli_helpers.storage`) after every evaluation and at the end. Look at it with
+  `tensorboard --logdir <job_dir>/tensorboard`.
+* `HypertuneCallback(metric)`: after every evaluation, appends the chosen validation metric to the file
+  that Vertex AI hyperparameter tuning reads (the `cloudml-hypertune` protocol, below).
+
+`default_callbacks(cfg, job_dir)` picks them the way the trainer command does: TensorBoard always (to
+`$AIP_TENSORBOARD_LOG_DIR` when Vertex AI sets it, else `<job_dir>/tensorboard`), the hypertune report
+when the run is a tuning trial (`$CLOUD_ML_TRIAL_ID` is set) or `cfg.hypertune_metric` asks for it.
+
+    >>> result = run_training(cfg, callbacks=default_callbacks(cfg, "runs/my-run"))
+
+The hypertune protocol. This module writes the file itself, in exactly the format of the
+`cloudml-hypertune` package (0.1.0.dev6, `hypertune.HyperTune.report_hyperparameter_tuning_metric`), so the
+training image needs no extra package: the file `$CLOUD_ML_HP_METRIC_FILE` (default
+`/tmp/hypertune/output.metrics`) holds the last 100 reports, rewritten whole after each, one JSON object
+per line with sorted keys and string values::
+
+    {"checkpoint_path": "", "global_step": "40", "timestamp": 1732243200.5, "trial": "3",
+     "validation_matched_accuracy": "0.8125"}
+
+The key that carries the value is the metric id of the tuning job's `metric_spec`
+(`validation_matched_accuracy` by default); `trial` is `$CLOUD_ML_TRIAL_ID` ("0" outside a trial).
+Vertex AI passes each trial's hyperparameters as `--<name>=<value>` arguments and sets `AIP_MODEL_DIR`,
+`AIP_CHECKPOINT_DIR` and `AIP_TENSORBOARD_LOG_DIR` under `<base_output_dir>/<trial_id>/`; the legacy AI
+Platform also set `$CLOUD_ML_HP_METRIC_TAG`, which is used as the metric id when present and no
+`hypertune_metric` is given.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import storage
+from .config import ConfigError, TrainConfig
+from .train import TrainCallback
+
+log = logging.getLogger(__name__)
+
+# The environment of a Vertex AI (and AI Platform) tuning trial.
+TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
+METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"
+METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"
+TENSORBOARD_ENV = "AIP_TENSORBOARD_LOG_DIR"
+DEFAULT_METRIC_FILE = "/tmp/hypertune/output.metrics"
+MAX_METRIC_ENTRIES = 100  # as cloudml-hypertune keeps
+# Scores `train.evaluate` computes per split that a tuning job may optimise.
+TUNABLE_SCORES = ("accuracy", "macro_f1")
+DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
+
+
+# -- the metric a tuning trial reports ------------------------------------------------------------
+def parse_hypertune_metric(metric: str) -> tuple[str, str]:
+    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"); refuses a non-validation split.
+
+    Hyperparameters chosen on a test split make that split's score an optimistic estimate: tuning
+    must choose on a validation split, and the test split is scored once, at the end.
+    """
+    score = next((s for s in TUNABLE_SCORES if metric.endswith("_" + s)), None)
+    if score is None:
+        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one of "
+                          f"{', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
+    split = metric[: -len(score) - 1]
+    if not split.startswith("validation"):
+        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning must choose "
+                          "on a validation split (validation_matched or validation_mismatched), never on a "
+                          "test split, whose score would then no longer estimate new data")
+    return split, score
+
+
+def metric_file_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get(METRIC_FILE_ENV) or DEFAULT_METRIC_FILE)
+
+
+def in_tuning_trial(env: Mapping[str, str] | None = None) -> bool:
+    """True inside a Vertex AI hyperparameter-tuning trial."""
+    env = os.environ if env is None else env
+    return bool(env.get(TRIAL_ID_ENV))
+
+
+class HypertuneCallback(TrainCallback):
+    """Report one validation metric to Vertex AI hyperparameter tuning after every evaluation."""
+
+    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC, *, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        self.metric = metric
+        self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
+        self.path = metric_file_path(env)
+        self.trial_id = str(env.get(TRIAL_ID_ENV, 0))
+        self.reports: collections.deque = collections.deque(maxlen=MAX_METRIC_ENTRIES)
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        if self.split not in scores:
+            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but this run "
+                              f"evaluates only {', '.join(scores)}; pick one of those")
+        self.report(scores[self.split][self.score], step)
+
+    def report(self, value: float, step: int) -> None:
+        """Append one report and rewrite the file, as cloudml-hypertune does."""
+        self.reports.append({"timestamp": time.time(), "trial": self.trial_id, self.metric: str(float(value)),
+                             "global_step": str(int(step) if step else 0), "checkpoint_path": ""})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.reports))
+
+
+def read_metric_file(path: str | Path, metric: str | None = None) -> list[dict]:
+    """The reports in a hypertune metric file: [{"step", "value", "metric", "trial"}], oldest first."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        entry = json.loads(line)
+        tags = [k for k in entry if k not in ("timestamp", "trial", "global_step", "checkpoint_path")]
+        for tag in tags if metric is None else [t for t in tags if t == metric]:
+            rows.append({"metric": tag, "value": float(entry[tag]), "step": int(entry["global_step"]),
+                         "trial": entry["trial"], "timestamp": entry["timestamp"]})
+    return rows
+
+
+# -- TensorBoard ------------------------------------------------------------------------------------
+def tensorboard_available() -> bool:
+    """torch.utils.tensorboard needs the `tensorboard` package."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def tensorboard_log_dir(job_dir: str, env: Mapping[str, str] | None = None) -> str:
+    """`$AIP_TENSORBOARD_LOG_DIR` on Vertex AI (a Vertex TensorBoard reads it), else `<job_dir>/tensorboard`."""
+    env = os.environ if env is None else env
+    return env.get(TENSORBOARD_ENV) or f"{str(job_dir).rstrip('/')}/tensorboard"
+
+
+class TensorBoardCallback(TrainCallback):
+    """Scalars for TensorBoard: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
+
+    Nothing is created until the first log, so a run that fails early leaves no empty log dir.
+    """
+
+    def __init__(self, log_dir: str | Path):
+        self.log_dir = str(log_dir)
+        self.remote = storage.is_gcs_uri(self.log_dir)
+        self.local_dir: Path | None = None
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.local_dir = Path(tempfile.mkdtemp(prefix="nli-tensorboard-")) if self.remote else Path(self.log_dir)
+            self._writer = SummaryWriter(str(self.local_dir), flush_secs=30)
+        return self._writer
+
+    def on_log(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.writer.add_scalar("train/loss", row["loss"], row["step"])
+            self.writer.add_scalar("train/learning_rate", row["lr"], row["step"])
+            for key in ("examples_per_s", "tokens_per_s"):
+                if key in row:
+                    self.writer.add_scalar(f"throughput/{key}", row[key], row["step"])
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        for split, s in scores.items():
+            for key in TUNABLE_SCORES:
+                self.writer.add_scalar(f"{split}/{key}", s[key], step)
+        self.sync()
+
+    def on_train_end(self, metrics: dict) -> None:
+        self.close()
+
+    def sync(self) -> None:
+        """Flush to disk and, for a gs:// log dir, upload what is there."""
+        if self._writer is None:
+            return
+        self._writer.flush()
+        if self.remote:
+            storage.upload(self.local_dir, self.log_dir)
+
+    def close(self) -> None:
+        self.sync()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of a local TensorBoard log dir: {tag: [(step, value), ...]}, in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0: keep every point
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+# -- what the trainer command attaches ------------------------------------------------------------------
+def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCallback] = (),
+                      env: Mapping[str, str] | None = None) -> list[TrainCallback]:
+    """TensorBoard (when the package is installed) and, in a tuning trial or when asked, the hypertune report.
+
+    Callbacks of a kind already in `given` are not added again.
+    """
+    env = os.environ if env is None else env
+    out: list[TrainCallback] = []
+    if not any(isinstance(c, TensorBoardCallback) for c in given):
+        if tensorboard_available():
+            out.append(TensorBoardCallback(tensorboard_log_dir(job_dir, env)))
+        else:
+            log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+    metric = getattr(cfg, "hypertune_metric", None)
+    if (metric or in_tuning_trial(env)) and not any(isinstance(c, HypertuneCallback) for c in given):
+        out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC, env=env))
+    return out

@@ -1,0 +1,134 @@
+"""TensorBoard scalars and the hypertune report, from a real (tiny) training run.
+
+The event files are read back with TensorBoard's own EventAccumulator; the hypertune file is compared with
+what the `cloudml-hypertune` package itself writes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nli_helpers import storage, tracking
+from nli_helpers.config import ConfigError, make_config
+from nli_helpers.train import run_training
+
+TRIAL_ID = "5"
+
+
+@pytest.fixture(scope="module")
+def trial_run(tmp_path_factory, tiny_model_dir):
+    """A tuning trial as Vertex AI starts one: only the environment says so; run_training adds the callbacks."""
+    tmp = tmp_path_factory.mktemp("trial")
+    metric_file = tmp / "hypertune" / "output.metrics"
+    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=32,
+                      eval_every=2, log_every=1, keep_checkpoints=0, progress=False, job_dir=str(tmp / "job"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CLOUD_ML_TRIAL_ID", TRIAL_ID)
+        mp.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
+        mp.delenv("AIP_TENSORBOARD_LOG_DIR", raising=False)
+        result = run_training(cfg, verbose=False)
+    return result, metric_file, tmp / "job"
+
+
+def test_a_trial_reports_the_metric_after_every_evaluation(trial_run):
+    result, metric_file, _ = trial_run
+    evals = result.metrics["eval_history"]
+    assert [e["step"] for e in evals] == [2, 4]  # 32 pairs / batch 8 = 4 steps, eval_every 2
+    lines = [json.loads(line) for line in metric_file.read_text().splitlines()]
+    assert len(lines) == len(evals)
+    for line, ev in zip(lines, evals):
+        assert set(line) == {"timestamp", "trial", "global_step", "checkpoint_path", "validation_matched_accuracy"}
+        assert line["trial"] == TRIAL_ID and line["global_step"] == str(ev["step"])
+        assert float(line["validation_matched_accuracy"]) == ev["validation_matched"]["accuracy"]
+    assert [r["value"] for r in tracking.read_metric_file(metric_file, "validation_matched_accuracy")] == \
+        [e["validation_matched"]["accuracy"] for e in evals]
+
+
+def test_the_metric_file_is_what_cloudml_hypertune_writes(tmp_path, monkeypatch):
+    hypertune = pytest.importorskip("hypertune")
+    monkeypatch.setenv("CLOUD_ML_TRIAL_ID", "9")
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "theirs" / "output.metrics"))
+    theirs = hypertune.HyperTune()
+    for step, value in ((10, 0.5), (20, 0.625)):
+        theirs.report_hyperparameter_tuning_metric("validation_mismatched_macro_f1", value, global_step=step)
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "ours" / "output.metrics"))
+    ours = tracking.HypertuneCallback("validation_mismatched_macro_f1")
+    for step, value in ((10, 0.5), (20, 0.625)):
+        ours.on_evaluate(step, 0, {"validation_mismatched": {"accuracy": 0.0, "macro_f1": value}})
+
+    def without_time(path):
+        return [{k: v for k, v in json.loads(line).items() if k != "timestamp"}
+                for line in path.read_text().splitlines()]
+
+    assert without_time(tmp_path / "ours" / "output.metrics") == without_time(tmp_path / "theirs" / "output.metrics")
+    assert (tmp_path / "ours" / "output.metrics").read_text().splitlines()[0].startswith('{"checkpoint_path": ""')
+
+
+def test_tensorboard_events_hold_every_scalar(trial_run):
+    result, _, job = trial_run
+    scalars = tracking.read_scalars(job / "tensorboard")
+    steps = [row["step"] for row in result.history]
+    assert [s for s, _ in scalars["train/loss"]] == steps
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx([row["loss"] for row in result.history], rel=1e-5)
+    assert [v for _, v in scalars["train/learning_rate"]] == pytest.approx([row["lr"] for row in result.history])
+    timed = [row for row in result.history if "examples_per_s" in row]
+    assert [s for s, _ in scalars["throughput/examples_per_s"]] == [row["step"] for row in timed]
+    assert [v for _, v in scalars["throughput/tokens_per_s"]] == pytest.approx([row["tokens_per_s"] for row in timed])
+    for split in ("validation_matched", "validation_mismatched"):
+        for key in ("accuracy", "macro_f1"):
+            points = scalars[f"{split}/{key}"]
+            assert points == [(e["step"], pytest.approx(e[split][key])) for e in result.metrics["eval_history"]]
+
+
+def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
+    log_dir = f"gs://{gcs_bucket}/jobs/1/logs/"  # as Vertex AI sets AIP_TENSORBOARD_LOG_DIR
+    cb = tracking.TensorBoardCallback(log_dir)
+    cb.on_log([{"step": 1, "loss": 1.1, "lr": 1e-4}, {"step": 2, "loss": 0.9, "lr": 2e-4, "examples_per_s": 50.0,
+                                                        "tokens_per_s": 900.0}])
+    assert storage.list_uris(log_dir.rstrip("/")) == []  # nothing uploaded before an evaluation
+    cb.on_evaluate(2, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.4}})
+    uploaded = storage.list_uris(log_dir.rstrip("/"))
+    assert len(uploaded) == 1 and "events.out.tfevents" in uploaded[0]
+    cb.on_log([{"step": 3, "loss": 0.7, "lr": 1e-4}])
+    cb.on_train_end({})
+    storage.download(log_dir.rstrip("/"), tmp_path / "logs")
+    scalars = tracking.read_scalars(tmp_path / "logs")
+    assert scalars["train/loss"] == [(1, pytest.approx(1.1)), (2, pytest.approx(0.9)), (3, pytest.approx(0.7))]
+    assert scalars["validation_matched/accuracy"] == [(2, 0.5)]
+    assert scalars["throughput/examples_per_s"] == [(2, 50.0)]
+
+
+def test_default_callbacks_follow_the_environment(tmp_path):
+    cfg = make_config("smoke")
+    local = tracking.default_callbacks(cfg, str(tmp_path / "job"), env={})
+    assert [type(c) for c in local] == [tracking.TensorBoardCallback]
+    assert local[0].log_dir == str(tmp_path / "job" / "tensorboard")
+    assert not (tmp_path / "job").exists()  # nothing is created before the first log
+
+    env = {"CLOUD_ML_TRIAL_ID": "2", "AIP_TENSORBOARD_LOG_DIR": "gs://b/hp/2/logs/",
+           "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}
+    board, report = tracking.default_callbacks(cfg, "gs://b/hp/2/model/", env=env)
+    assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
+    assert report.metric == "validation_mismatched_accuracy" and report.trial_id == "2"
+
+    asked = make_config("smoke", hypertune_metric="validation_matched_macro_f1")
+    (report,) = tracking.default_callbacks(asked, "job", given=[board], env=env)  # no second TensorBoard
+    assert (report.split, report.score) == ("validation_matched", "macro_f1")  # the config wins over the tag
+
+
+@pytest.mark.parametrize("metric, message", [
+    ("test_matched_accuracy", "never on a test split"),
+    ("train_accuracy", "must choose on a validation split"),
+    ("validation_matched_loss", "score one of accuracy, macro_f1"),
+])
+def test_a_metric_not_on_a_validation_split_is_refused(metric, message):
+    with pytest.raises(ConfigError, match=message):
+        tracking.HypertuneCallback(metric, env={})
+
+
+def test_a_missing_split_names_the_splits_there_are(tmp_path):
+    cb = tracking.HypertuneCallback("validation_mismatched_accuracy", env={"CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")})
+    with pytest.raises(ConfigError, match="evaluates only validation_matched"):
+        cb.on_evaluate(4, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.5}})
