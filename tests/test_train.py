@@ -100,8 +100,8 @@ def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
             self.final = metrics
 
     rec = Recorder()
-    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=2, batch_size=8, max_train_samples=64,
-                      log_every=3, job_dir=str(tmp_path / "cb"), progress=False)
+    cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=2, batch_size=8,
+                      max_train_samples=64, log_every=3, job_dir=str(tmp_path / "cb"), progress=False)
     result = run_training(cfg, verbose=False, callbacks=[rec])
     assert rec.rows == result.history
     assert rec.evals == [(8, ["validation_matched", "validation_mismatched"]),
