@@ -22,7 +22,7 @@ def trial_run(tmp_path_factory, tiny_model_dir):
     """A tuning trial as Vertex AI starts one: only the environment says so; run_training adds the callbacks."""
     tmp = tmp_path_factory.mktemp("trial")
     metric_file = tmp / "hypertune" / "output.metrics"
-    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=32,
+    cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=1, batch_size=8, max_train_samples=32,
                       eval_every=2, log_every=1, keep_checkpoints=0, progress=False, job_dir=str(tmp / "job"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CLOUD_ML_TRIAL_ID", TRIAL_ID)
