@@ -2,7 +2,10 @@
 
 The modules, in the order data flows through them: `config` (TrainConfig, profiles) -> `data`
 (load, split by premise, tokenise, length-grouped batches) -> `model` (tokenizer + classifier,
-predict) -> `train` (the loop, export) -> `metrics`. `task` is the command line on top.
+predict) -> `train` (the loop, export) -> `metrics`. `task` is the command line on top. Around the loop:
+`checkpoint` (exact resume), `tracking` (TensorBoard, the hypertune report), `distributed` / `launch`
+(torchrun, Vertex clusters); after it: `evaluation` (scores, calibration, errors, prediction on files).
+In the cloud: `storage` (gs://), `packaging`, `vertex` (jobs), `tuning` (sweeps and tuning jobs), `pricing`.
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 

@@ -22,6 +22,17 @@ from .config import NLIError, TrainConfig, make_config
 ALIASES = {"bf16": ("precision", "bf16")}  # the old recipe's switch, kept as a shorthand
 
 
+def whole_number(text: str) -> int:
+    """An int flag's value; "16.0" is accepted as 16, because Vertex AI tuning reports discrete values as doubles."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
 def _field_type(f: dataclasses.Field) -> type:
     hint = typing.get_type_hints(TrainConfig)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -39,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         if kind is bool:
             parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            parser.add_argument(*names, dest=f.name, type=kind, choices=f.metadata.get("choices"),
+            parser.add_argument(*names, dest=f.name, type=whole_number if kind is int else kind, choices=f.metadata.get("choices"),
                                 help=help_text, metavar=f.name.upper())
     parser.add_argument("--bf16", dest="bf16", action="store_true",
                         help="shorthand for --precision bf16 (fails clearly where bf16 is unsupported)")

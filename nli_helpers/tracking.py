@@ -10,11 +10,13 @@ Two `TrainCallback`s for `run_training(cfg, callbacks=[...])`:
 * `HypertuneCallback(metric)`: after every evaluation, appends the chosen validation metric to the file
   that Vertex AI hyperparameter tuning reads (the `cloudml-hypertune` protocol, below).
 
-`default_callbacks(cfg, job_dir)` picks them the way the trainer command does: TensorBoard always (to
-`$AIP_TENSORBOARD_LOG_DIR` when Vertex AI sets it, else `<job_dir>/tensorboard`), the hypertune report
-when the run is a tuning trial (`$CLOUD_ML_TRIAL_ID` is set) or `cfg.hypertune_metric` asks for it.
+`run_training` attaches them itself through `default_callbacks(cfg, job_dir)`, so the trainer command,
+the notebooks and Vertex AI jobs all get them: TensorBoard always (to `$AIP_TENSORBOARD_LOG_DIR` when Vertex
+AI sets it, else `<job_dir>/tensorboard`; skipped with a warning when the `tensorboard` package is missing),
+the hypertune report when the run is a tuning trial (`$CLOUD_ML_TRIAL_ID` is set) or `cfg.hypertune_metric`
+asks for it. A callback of the same kind that you pass yourself replaces the default one:
 
-    >>> result = run_training(cfg, callbacks=default_callbacks(cfg, "runs/my-run"))
+    >>> run_training(cfg, callbacks=[TensorBoardCallback("gs://my-bucket/tb/run-1")])
 
 The hypertune protocol. This module writes the file itself, in exactly the format of the
 `cloudml-hypertune` package (0.1.0.dev6, `hypertune.HyperTune.report_hyperparameter_tuning_metric`), so the

@@ -509,10 +509,37 @@ def init_vertex(project: str | None, region: str, staging_bucket: str | None, *,
     return api_endpoint
 
 
+TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
+
+
+def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> None:
+    """A Vertex AI TensorBoard resource streams the job's AIP_TENSORBOARD_LOG_DIR into TensorBoard in the console.
+
+    Create one with `aiplatform.Tensorboard.create(display_name=...)` and pass its resource name
+    (projects/P/locations/L/tensorboards/ID) as `tensorboard=` to `submit_custom_job` or
+    `tuning.submit_tuning_job`. Vertex AI requires such a job to run as a service account that may write to the
+    staging bucket and use Vertex AI (roles/storage.objectAdmin, roles/aiplatform.user); see
+    https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training
+    """
+    if not TENSORBOARD_RESOURCE.fullmatch(tensorboard):
+        raise VertexError(f"tensorboard={tensorboard!r} is not a Vertex AI TensorBoard resource name: expected "
+                          "projects/PROJECT/locations/REGION/tensorboards/ID (aiplatform.Tensorboard.create(...))")
+    if not service_account:
+        raise VertexError("attaching a Vertex AI TensorBoard needs service_account=...: the job writes its logs "
+                          "as that account (grant it roles/storage.objectAdmin on the bucket and "
+                          "roles/aiplatform.user)")
+
+
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, display_name: str | None = None,
                       service_account: str | None = None, labels: dict[str, str] | None = None, spot: bool = False,
-                      restart_job_on_worker_restart: bool = False, timeout_s: int | None = None) -> CustomJob:
-    """Create the CustomJob and return at once (watch it with `watch_job`)."""
+                      restart_job_on_worker_restart: bool = False, timeout_s: int | None = None,
+                      tensorboard: str | None = None) -> CustomJob:
+    """Create the CustomJob and return at once (watch it with `watch_job`).
+
+    `tensorboard`: a Vertex AI TensorBoard resource to stream the job's scalars to (`check_vertex_tensorboard`).
+    """
+    if tensorboard:
+        check_vertex_tensorboard(tensorboard, service_account)
     aiplatform = _aiplatform()
     from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
 
@@ -521,7 +548,7 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, di
         job = aiplatform.CustomJob(display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
                                    worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
         job.submit(service_account=service_account, restart_job_on_worker_restart=restart_job_on_worker_restart,
-                   scheduling_strategy=strategy, timeout=timeout_s)
+                   scheduling_strategy=strategy, timeout=timeout_s, tensorboard=tensorboard)
     except GoogleAuthError as err:
         raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
     except api_exceptions.PermissionDenied as err:

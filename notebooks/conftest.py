@@ -1,6 +1,6 @@
-"""Local stand-ins for Google Cloud while nbval runs notebook 04 (Vertex AI) in CI; nothing to do for the others.
+"""Local stand-ins for Google Cloud while nbval runs notebooks 04 and 05 (Vertex AI) in CI; nothing to do for the others.
 
-Before the kernel of `04_submit_vertex.ipynb` starts, this starts `tests.fake_vertex.LocalCloud`: the Cloud Storage
+Before the kernel of `04_submit_vertex.ipynb` (or `05_tune_hyperparameters.ipynb`) starts, this starts `tests.fake_vertex.LocalCloud`: the Cloud Storage
 emulator and the fake of the Vertex AI REST surface on free loopback ports, a staging bucket, and the variables
 the notebook reads from the environment:
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-CLOUD_NOTEBOOKS = ("04_submit_vertex.ipynb",)
+CLOUD_NOTEBOOKS = ("04_submit_vertex.ipynb", "05_tune_hyperparameters.ipynb")
 _running: dict = {}
 _tmp_dirs: list[Path] = []
 

@@ -92,3 +92,15 @@ def test_old_recipe_flags_parse_into_the_config():
     assert (cfg.batch_size, cfg.epochs, cfg.log_every, cfg.learning_rate, cfg.fraction_of_train_data,
             cfg.seed, cfg.weight_decay, cfg.job_dir, cfg.model_name) == (16, 2, 5, 3e-5, 0.5, 7, 0.1, "out",
                                                                          "tiny-random")
+
+
+def test_int_flags_take_the_doubles_vertex_tuning_sends():
+    cfg = config_from_args(["--profile", "smoke", "--batch_size=16.0", "--max_train_samples", "64"])
+    assert (cfg.batch_size, cfg.max_train_samples) == (16, 64) and isinstance(cfg.batch_size, int)
+
+
+@pytest.mark.parametrize("value", ["16.5", "sixteen"])
+def test_int_flags_refuse_what_is_not_a_whole_number(value, capsys):
+    with pytest.raises(SystemExit):
+        config_from_args(["--profile", "smoke", f"--batch_size={value}"])
+    assert f"{value!r} is not a whole number" in capsys.readouterr().err

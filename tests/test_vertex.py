@@ -26,6 +26,7 @@ pytest_plugins = ["tests.fake_vertex"]
 PROJECT, REGION = "test-project", "us-central1"
 IMAGE_2_4 = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
 TINY_JOB = {"data": "sample", "model_name": "tiny-random", "max_train_samples": 64, "epochs": 1}
+TENSORBOARD = f"projects/{PROJECT}/locations/{REGION}/tensorboards/123"
 
 
 def _init(fake, bucket: str) -> None:
@@ -222,7 +223,7 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
     job = vertex.submit_custom_job(pools, base_output_dir=base, display_name="nli-smoke-1",
                                    service_account="trainer@test-project.iam.gserviceaccount.com",
                                    labels={"team": "nlp", "profile": "smoke"}, spot=True,
-                                   restart_job_on_worker_restart=True, timeout_s=3600)
+                                   restart_job_on_worker_restart=True, timeout_s=3600, tensorboard=TENSORBOARD)
 
     (body,) = fake_vertex.created_bodies
     assert body["displayName"] == "nli-smoke-1"
@@ -230,6 +231,7 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
     spec = body["jobSpec"]
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": base}
     assert spec["serviceAccount"] == "trainer@test-project.iam.gserviceaccount.com"
+    assert spec["tensorboard"] == TENSORBOARD
     assert spec["scheduling"] == {"restartJobOnWorkerRestart": True, "strategy": Scheduling.Strategy.SPOT.value,
                                   "timeout": "3600s"}
     assert [p["replicaCount"] for p in spec["workerPoolSpecs"]] == ["1", "1"]  # int64 travels as a string
@@ -260,6 +262,20 @@ def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
                     "containerSpec": {"imageUri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}}
     assert "scheduling" not in body["jobSpec"] and "serviceAccount" not in body["jobSpec"]
     assert body["displayName"].startswith("nli-")
+
+
+@pytest.mark.parametrize("tensorboard, service_account, problem", [
+    ("my-board", "sa@p.iam.gserviceaccount.com", "not a Vertex AI TensorBoard resource name"),
+    (f"projects/{PROJECT}/locations/{REGION}/tensorboards/7", None, "needs service_account="),
+])
+def test_a_tensorboard_needs_a_resource_name_and_a_service_account(tensorboard, service_account, problem,
+                                                                    fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    pools = vertex.container_worker_pools(make_config("full"), Machine("n1-standard-4", None, 0), "gcr.io/p/t:1")
+    with pytest.raises(vertex.VertexError, match=problem):
+        vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/run-3", tensorboard=tensorboard,
+                                 service_account=service_account)
+    assert fake_vertex.created_bodies == []  # refused before anything was sent
 
 
 def test_a_refused_job_says_what_vertex_said(fake_vertex, gcs_bucket):
