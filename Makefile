@@ -7,11 +7,12 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv demo train-smoke test test-fast lint constraints clean
+.PHONY: help venv browser demo train-smoke test test-fast lint constraints clean
 
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
+	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
 	@echo "make lint | constraints | clean"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -24,16 +25,34 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 # Every notebook, headless (papermill), into runs/<timestamp>/, then a one-screen summary.
+# Notebooks 04-05 submit to Vertex AI: offline, they run against the local fake of it and the Cloud
+# Storage emulator (tests/fake_vertex.py), whose jobs really train from the staged package.
 demo: $(STAMP)
-	$(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
+	$(BIN)/python -m tests.fake_vertex -- $(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
 train-smoke: $(STAMP)
 	$(BIN)/python -m nli_helpers.task --profile smoke
 
+# Debian's Chromium, which tests/test_jupyterlab_ui.py drives with playwright (never `playwright install`).
+# Installed with apt when we are root and apt-get exists; otherwise a hint, and the test skips (fails in CI).
+CHROMIUM := /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the JupyterLab UI test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+	  || echo "could not install chromium: tests/test_jupyterlab_ui.py will skip (fail in CI)"; \
+	else \
+	  echo "no $(CHROMIUM): tests/test_jupyterlab_ui.py will skip (fail in CI);" \
+	       "install it with: sudo apt-get install --no-install-recommends chromium"; \
+	fi
+
 # Unit, integration and CLI tests, then every notebook under nbval (outputs stripped; asserts check).
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
-test: $(STAMP)
+test: $(STAMP) browser
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest tests notebooks $(NBVAL)
 
 test-fast: $(STAMP)
