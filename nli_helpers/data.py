@@ -538,6 +538,11 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         batches = [order[i:i + size] for i in range(0, len(order), size)]
         if self.group:
             batches = [batches[i] for i in rng.permutation(len(batches))]
+            # The longest batch first, as Hugging Face's sampler does: an out-of-memory shows at step 1, not
+            # hours in, and the allocator sizes its pools once (on the CPU, random lengths first grew the peak
+            # RSS by a third: benchmarks/README.md).
+            longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
+            batches[0], batches[longest] = batches[longest], batches[0]
         # A last batch too small to give every rank an example is dropped, so all ranks step together.
         return [b for b in batches if len(b) >= self.num_replicas]
 
