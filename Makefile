@@ -7,12 +7,13 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv browser demo train-smoke test test-fast lint constraints clean
+.PHONY: help venv browser demo train-smoke bench test test-fast lint constraints clean
 
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
 	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
+	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
 	@echo "make lint | constraints | clean"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -33,6 +34,10 @@ demo: $(STAMP)
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
 train-smoke: $(STAMP)
 	$(BIN)/python -m nli_helpers.task --profile smoke
+
+# Throughput against the old recipe and Hugging Face Trainer, about 5 minutes (benchmarks/README.md).
+bench: $(STAMP)
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/train_throughput.py --quick --out runs/throughput.json
 
 # Debian's Chromium, which tests/test_jupyterlab_ui.py drives with playwright (never `playwright install`).
 # Installed with apt when we are root and apt-get exists; otherwise a hint, and the test skips (fails in CI).

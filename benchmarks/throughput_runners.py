@@ -132,7 +132,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
                       max_length=spec["max_length"], learning_rate=spec["learning_rate"],
                       warmup_ratio=spec["warmup_ratio"], weight_decay=spec["weight_decay"],
                       epochs=(spec["steps"] - 0.5) / steps_per_epoch, seed=spec["seed"],
-                      progress=False, log_every=20)
+                      progress=False, log_every=20, **OVERRIDES)
     # Only the train split: held-out scoring is the harness's job, the same for every runner.
     result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device)
     assert result.metrics["train"]["steps"] == spec["steps"], result.metrics["train"]
@@ -140,6 +140,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
 
 
 RUNNERS = {"seed_recipe": run_seed_recipe, "hf_trainer": run_hf_trainer, "nli_helpers": run_nli_helpers}
+OVERRIDES: dict = {}  # TrainConfig fields an ablation changes
 
 
 def apply_variant(runner: str, variant: str) -> None:
@@ -149,6 +150,10 @@ def apply_variant(runner: str, variant: str) -> None:
     for part in filter(None, variant.split("+")):
         if runner == "nli_helpers" and part == "foreach_adamw":
             nt.build_optimizer = _foreach_optimizer
+        elif runner == "nli_helpers" and part == "fp32":
+            OVERRIDES["precision"] = "fp32"
+        elif runner == "nli_helpers" and part == "no_grouping":
+            OVERRIDES["group_by_length"] = False
         else:
             raise SystemExit(f"unknown variant {part!r} for runner {runner}")
 

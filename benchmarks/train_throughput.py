@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds that include seed_recipe, the slowest runner by far (default: all; 1 with --quick)")
     p.add_argument("--runners", default=",".join(RUNNER_NAMES),
                    help="comma-separated runners; RUNNER@VARIANT adds an ablation for the change log: "
-                        "nli_helpers@foreach_adamw (the optimizer before benchmarks/README.md's change 1)")
+                        "nli_helpers@foreach_adamw (the optimizer before fused AdamW), nli_helpers@fp32 (no bf16 "
+                        "autocast), nli_helpers@no_grouping (random batches, dynamic padding only); join with +")
     p.add_argument("--model", default="minilm-l6",
                    help="model name or directory (minilm-l6, tiny-random, roberta-base, ...)")
     p.add_argument("--data", default=DEFAULT_DATA, help="NLI pairs file ($NLI_REAL_DATA, or 'sample')")
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"runs": runs, "ratios": ratios, "config": config, "machine": machine}
     print_table(runs, ratios)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
     return report

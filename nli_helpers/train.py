@@ -111,7 +111,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
             (no_decay if any(n in name for n in NO_DECAY) else decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # Fused: one pass over weights, gradients and both moments, on CUDA and (torch >= 2.4) the CPU;
-    # on the CPU here it cut the optimizer step 6x against foreach (benchmarks/README.md).
+    # on the CPU here the step of MiniLM-L6 takes 13 ms instead of 77 with foreach (benchmarks/README.md).
     try:
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
     except RuntimeError:  # no fused kernel for this device or dtype
