@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import socket
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,13 @@ class TrainConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def field_type(cls, name: str) -> type:
+        """A field's value type without its None: int for `int | None` (what a CLI flag or a search casts to)."""
+        hint = typing.get_type_hints(cls)[name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if args else hint
 
 
 # -- profiles ---------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import typing
 
 from .config import NLIError, TrainConfig, make_config
 
@@ -33,19 +32,13 @@ def whole_number(text: str) -> int:
     return int(value)
 
 
-def _field_type(f: dataclasses.Field) -> type:
-    hint = typing.get_type_hints(TrainConfig)[f.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m nli_helpers.task", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS)
     for f in dataclasses.fields(TrainConfig):
         names = sorted({f"--{f.name}", f"--{f.name.replace('_', '-')}"})
-        kind = _field_type(f)
+        kind = TrainConfig.field_type(f.name)
         help_text = f.metadata["help"]
         if kind is bool:
             parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)

@@ -219,7 +219,7 @@ def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCa
             out.append(TensorBoardCallback(tensorboard_log_dir(job_dir, env)))
         else:
             log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
-    metric = getattr(cfg, "hypertune_metric", None)
+    metric = cfg.hypertune_metric
     if (metric or in_tuning_trial(env)) and not any(isinstance(c, HypertuneCallback) for c in given):
         out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC, env=env))
     return out

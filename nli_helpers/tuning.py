@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,12 +71,7 @@ class Categorical:
 
 ParameterRange = Double | Integer | Discrete | Categorical
 SCALES = {"linear": "linear", "log": "log"}
-FIELD_TYPES = typing.get_type_hints(TrainConfig)
-
-
-def _field_kind(name: str) -> type:
-    args = [a for a in typing.get_args(FIELD_TYPES[name]) if a is not type(None)]
-    return args[0] if args else FIELD_TYPES[name]
+FIELD_NAMES = set(TrainConfig.field_names())
 
 
 def range_values(spec: ParameterRange) -> list:
@@ -91,7 +85,7 @@ def validate_search_space(space: Mapping[str, ParameterRange], base: TrainConfig
     base = base or TrainConfig(profile="smoke")
     problems = []
     for name, spec in space.items():
-        if name not in FIELD_TYPES:
+        if name not in FIELD_NAMES:
             problems.append(f"{name!r} is not a TrainConfig field (known: {', '.join(TrainConfig.field_names())})")
             continue
         if name in NOT_SEARCHABLE:
@@ -105,7 +99,7 @@ def validate_search_space(space: Mapping[str, ParameterRange], base: TrainConfig
 
 
 def _range_problems(name: str, spec: ParameterRange, base: TrainConfig) -> list[str]:
-    kind = _field_kind(name)
+    kind = TrainConfig.field_type(name)
     wants = {Double: (float,), Integer: (int, float), Discrete: (int, float), Categorical: (str,)}
     if not isinstance(spec, tuple(wants)) or kind not in wants[type(spec)]:
         return [f"a {type(spec).__name__} range does not fit a {kind.__name__} field"]
@@ -148,7 +142,7 @@ def vertex_parameter_specs(space: Mapping[str, ParameterRange]) -> dict:
 
 def apply_parameters(cfg: TrainConfig, parameters: Mapping[str, Any]) -> TrainConfig:
     """`cfg` with the given field values, cast to the fields' types (Vertex reports 16 as 16.0)."""
-    return dataclasses.replace(cfg, **{k: _field_kind(k)(v) for k, v in parameters.items()})
+    return dataclasses.replace(cfg, **{k: TrainConfig.field_type(k)(v) for k, v in parameters.items()})
 
 
 # -- the local sweep (papermill) ----------------------------------------------------------------------------
@@ -330,9 +324,9 @@ def tuning_results(job) -> pd.DataFrame:
 
 
 def _as_field(name: str, value):
-    if value is None or name not in FIELD_TYPES:
+    if value is None or name not in FIELD_NAMES:
         return value
-    return _field_kind(name)(value)
+    return TrainConfig.field_type(name)(value)
 
 
 def best_trial(results: pd.DataFrame, metric: str | None = None, goal: str | None = None) -> pd.Series:
@@ -351,7 +345,7 @@ def plot_results(results: pd.DataFrame, metric: str | None = None):
     from matplotlib.figure import Figure
 
     metric = metric or results.attrs.get("metric", DEFAULT_HYPERTUNE_METRIC)
-    names = results.attrs.get("parameters") or [c for c in results.columns if c in FIELD_TYPES]
+    names = results.attrs.get("parameters") or [c for c in results.columns if c in FIELD_NAMES]
     fig = Figure(figsize=(3.6 * max(1, len(names)), 3.0), layout="constrained")
     axes = fig.subplots(1, max(1, len(names)), squeeze=False)[0]
     best = best_trial(results, metric)

@@ -426,21 +426,24 @@ def test_model_dir_without_config_through_the_command(tmp_path, tiny_model_dir):
     run_fails(tmp_path / "job", "has no config.json", "--model-name", str(model))
 
 
-def test_mismatched_label_map_through_the_command(tmp_path, tiny_model_dir):
-    model = saved_model(tmp_path, tiny_model_dir, "permuted")
+def with_label_map(model: Path, label2id: list[str], id2label: list[str]) -> Path:
+    """Rewrite a saved model's label maps: `label2id` and `id2label` list the labels by id."""
     config = json.loads((model / "config.json").read_text())
-    config["label2id"] = {"contradiction": 0, "neutral": 1, "entailment": 2}
-    config["id2label"] = {"0": "contradiction", "1": "neutral", "2": "entailment"}
+    config["label2id"] = {label: i for i, label in enumerate(label2id)}
+    config["id2label"] = {str(i): label for i, label in enumerate(id2label)}
     (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_mismatched_label_map_through_the_command(tmp_path, tiny_model_dir):
+    permuted = ["contradiction", "neutral", "entailment"]
+    model = with_label_map(saved_model(tmp_path, tiny_model_dir, "permuted"), permuted, permuted)
     run_fails(tmp_path / "job", "was trained with labels", "--model-name", str(model))
 
 
 def test_id2label_alone_permuted_is_refused(tmp_path, tiny_model_dir):
-    model = saved_model(tmp_path, tiny_model_dir, "id2label")
-    config = json.loads((model / "config.json").read_text())
-    config["label2id"] = {"entailment": 0, "neutral": 1, "contradiction": 2}
-    config["id2label"] = {"0": "neutral", "1": "entailment", "2": "contradiction"}
-    (model / "config.json").write_text(json.dumps(config))
+    model = with_label_map(saved_model(tmp_path, tiny_model_dir, "id2label"),
+                           ["entailment", "neutral", "contradiction"], ["neutral", "entailment", "contradiction"])
     with pytest.raises(ModelError, match="was trained with labels"):
         load_model_and_tokenizer(str(model))
 
