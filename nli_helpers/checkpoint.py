@@ -78,11 +78,21 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
     return str(final)
 
 
+def staging_dir() -> str | None:
+    """Where a gs:// checkpoint is written before its upload: /dev/shm (memory) when it exists and has room, so a
+    preempted job spends its last seconds uploading, not writing a boot disk (a 100 GB pd-ssd writes ~50 MB/s)."""
+    shm = Path("/dev/shm")
+    try:
+        return str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 4e9 and os.access(shm, os.W_OK) else None
+    except OSError:
+        return None
+
+
 def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) -> str:
     from . import storage
 
     uri = f"{root.rstrip('/')}/{name}"
-    with tempfile.TemporaryDirectory(prefix="nli-ckpt-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nli-ckpt-", dir=staging_dir()) as tmp:
         _write_files(Path(tmp), model, state, step)
         for file in (WEIGHTS, STATE, MANIFEST):  # the manifest last: it marks the checkpoint complete
             storage.upload(Path(tmp) / file, f"{uri}/{file}")
@@ -127,10 +137,15 @@ def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     if _is_gcs(path):
         from . import storage
 
-        local = Path(tempfile.mkdtemp(prefix="nli-ckpt-"))
-        storage.download(path, local)
-        path = str(local)
+        with tempfile.TemporaryDirectory(prefix="nli-ckpt-", dir=staging_dir()) as local:
+            storage.download(path, local)
+            return _load_local(local, model, shown=path)
+    return _load_local(path, model, shown=path)
+
+
+def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
     directory = Path(path)
+    path = shown
     if not (directory / MANIFEST).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass --resume auto to "
                               "pick the newest complete one")

@@ -52,6 +52,9 @@ class DistInfo:
 
 
 SINGLE_PROCESS = DistInfo()
+# A gloo group beside NCCL, for small flags that live on the CPU (the stop request): agreeing on them must not
+# synchronise the GPU stream every step. Under gloo the default group serves.
+_control_group = None
 
 
 def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
@@ -65,12 +68,16 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
     if cuda:
         torch.cuda.set_device(info.local_rank)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=timeout_minutes))
+    global _control_group
+    _control_group = dist.new_group(backend="gloo") if cuda else None
     return info
 
 
 def shutdown_distributed() -> None:
+    global _control_group
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _control_group = None
 
 
 def device_for(info: DistInfo) -> torch.device:
@@ -82,6 +89,15 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when `flag` is True on any rank (one small CPU all-reduce; no GPU sync)."""
+    if not info.enabled:
+        return flag
+    votes = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=_control_group)
+    return bool(votes.item())
 
 
 def all_gather_objects(obj, info: DistInfo) -> list:
@@ -144,18 +160,31 @@ def processes_per_node() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
+def torchrun_has_shutdown_timeout() -> bool:
+    """torchrun takes --shutdown-timeout (newer torch); older ones always give workers 30 s after a SIGTERM."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+
+
 def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
-                     rendezvous_timeout_s: int = 1800, max_restarts: int = 0) -> list[str]:
+                     rendezvous_timeout_s: int = 1800, max_restarts: int = 0,
+                     shutdown_timeout_s: int | None = None) -> list[str]:
     """The torchrun command line for this node (static rendezvous at the chief).
 
     Vertex starts replicas minutes apart; the rendezvous timeout (default 30 min, torch's default
-    is 10) keeps early replicas waiting instead of failing the job.
+    is 10) keeps early replicas waiting instead of failing the job. `shutdown_timeout_s`: how long
+    torchrun lets the trainers checkpoint after a SIGTERM before it kills them (where torch has it).
     """
     import sys
 
+    shutdown = ([f"--shutdown-timeout={shutdown_timeout_s}"]
+                if shutdown_timeout_s is not None and torchrun_has_shutdown_timeout() else [])
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={layout.nnodes}", f"--node-rank={layout.node_rank}",
             f"--nproc-per-node={nproc_per_node}",
             f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
-            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}",
+            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}", *shutdown,
             "--module", "nli_helpers.task", *task_args]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from .config import NLIError, TrainConfig, make_config
@@ -64,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(argv)
         result = run_training(cfg)
-    except Preempted as e:  # a distinct exit code: Vertex restarts the worker, which resumes
-        print(f"preempted: {e}", file=sys.stderr)
+    except Preempted as e:  # an exit code Vertex AI retries; the restarted job resumes from the checkpoint
+        mark_preempted()
+        print(f"preempted: {e}; exiting {e.exit_code}, an exit code Vertex AI retries", file=sys.stderr)
         return e.exit_code
     except NLIError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -75,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     return 0 if result.metrics else 1
+
+
+def mark_preempted() -> None:
+    """Tell `nli_helpers.launch` (through torchrun) that this process stopped for a SIGTERM, not for an error."""
+    folder = os.environ.get("NLI_PREEMPTED_MARKERS")
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, f"rank-{os.environ.get('RANK', '0')}"), "w") as marker:
+            marker.write("preempted\n")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from .distributed import (
     DistInfo,
     all_gather_objects,
     all_reduce_sum,
+    any_rank,
     barrier,
     device_for,
     init_distributed,
@@ -45,6 +46,7 @@ from .distributed import (
 )
 from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters, load_model_and_tokenizer
+from .progress import live_progress, log_line, quiet_library_bars
 
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
 
@@ -170,13 +172,19 @@ def evaluate_all(model, splits: dict, collator, device, precision, batch_size,
 
 
 # -- the loop ------------------------------------------------------------------------------------
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: not one of the exit codes Vertex AI treats as permanent
+# The exit code after a SIGTERM (Spot preemption, VM maintenance) once the checkpoint is saved. Vertex AI shuts a job
+# down for good when a replica exits with a "user code exception", except for the exit codes it calls possibly
+# transient, which it retries: SIGABRT's 134 and SIGSEGV's 139 in a custom container ("Handle common errors",
+# https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service). A preempted replica is
+# restarted anyway; this code makes sure that the replicas which stop with it (every rank stops at the same step)
+# are retried too, instead of failing the job. `python -m nli_helpers.launch` exits with it as well.
+RESTARTABLE_EXIT_CODE = 134
 
 
 class Preempted(NLIError):
-    """SIGTERM arrived (spot preemption, Vertex restart): a checkpoint was saved, rerun with --resume auto."""
+    """SIGTERM arrived (Spot preemption, VM maintenance): a checkpoint was saved, rerun with --resume auto."""
 
-    exit_code = PREEMPTED_EXIT_CODE
+    exit_code = RESTARTABLE_EXIT_CODE
 
 
 # Fields that must match for a resumed run to continue the same trajectory.
@@ -220,14 +228,16 @@ class TrainingLoop:
         self.eval_history: list[dict] = []
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device)
         self.window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
-        self.stop_requested = False
+        self.stop_requested, self.stop_requested_at = False, None
         self.bar = None
+        # A live bar in a terminal or notebook; plain lines where output is collected (a file, Cloud Logging).
+        self.log_lines = cfg.progress and info.is_main and not live_progress()
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.cfg
         self.bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
-                        disable=not (cfg.progress and self.info.is_main), dynamic_ncols=True)
+                        disable=not (cfg.progress and self.info.is_main) or self.log_lines, dynamic_ncols=True)
         start = time.perf_counter()
         with self._stop_on_sigterm():
             while self.step < self.total_steps:
@@ -238,8 +248,7 @@ class TrainingLoop:
                         break
                 self.epoch, self.batches_done = self.epoch + 1, 0
                 if self.step < self.total_steps or not self.eval_history or self.eval_history[-1]["step"] != self.step:
-                    scores = self._evaluate()
-                    self._log(f"epoch {self.epoch} step {self.step}: {summary_line(scores)}")
+                    self._evaluate()
                 if self.step < self.total_steps:
                     self.save_checkpoint()
         self.bar.close()
@@ -284,13 +293,16 @@ class TrainingLoop:
             self.save_checkpoint()
         if not last and self._should_stop():
             path = self.save_checkpoint()
-            raise Preempted(f"stopped by SIGTERM after step {step}; checkpoint saved to {path}. "
+            took = f" {time.monotonic() - self.stop_requested_at:.1f} s after the signal" if self.stop_requested_at else ""
+            raise Preempted(f"stopped by SIGTERM after step {step}; checkpoint saved to {path}{took}. "
                             "Rerun with --resume auto to continue")
         return last
 
     def _flush(self) -> None:
         rows = _flush(self.history, self.pending, self.window, self.epoch + self.batches_done / len(self.loader),
                       self.bar, self.info)
+        if rows and self.log_lines:
+            log_line(progress_line(rows, self.total_steps))
         for cb in self.callbacks:
             cb.on_log(rows)
 
@@ -298,13 +310,15 @@ class TrainingLoop:
         scores = evaluate_all(self.model, self.evals, self.collator, self.device, self.precision,
                               self.cfg.eval_batch_size, self.info)
         self.eval_history.append(_eval_row(self.step, self.epoch, scores))
+        self._log(f"eval step {self.step}/{self.total_steps} (epoch {self.epoch + self.batches_done / len(self.loader):.2f}): "
+                  f"{summary_line(scores)}")
         for cb in self.callbacks:
             cb.on_evaluate(self.step, self.epoch, scores)
         return scores
 
     def _log(self, message: str) -> None:
         if self.info.is_main:
-            self.bar.write(message)
+            log_line(message) if self.log_lines or self.bar is None else self.bar.write(message)
 
     # -- preemption -------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -315,7 +329,8 @@ class TrainingLoop:
             return
 
         def request_stop(signum, frame):
-            self.stop_requested = True
+            if not self.stop_requested:
+                self.stop_requested, self.stop_requested_at = True, time.monotonic()
 
         previous = signal.signal(signal.SIGTERM, request_stop)
         try:
@@ -324,13 +339,9 @@ class TrainingLoop:
             signal.signal(signal.SIGTERM, previous)
 
     def _should_stop(self) -> bool:
-        if not self.info.enabled:
-            return self.stop_requested
-        # Every rank must stop at the same step; agree at log steps only (one small all-reduce).
-        if self.step % self.cfg.log_every:
-            return False
-        flag = torch.tensor([float(self.stop_requested)], device=self.device)
-        return bool(all_reduce_sum(flag, self.info).item() > 0)
+        # Every rank must stop at the same step, and a SIGTERM may reach only some of them (one preempted node):
+        # agree after every optimizer step, on the CPU (gloo), so the GPU stream is never synchronised for it.
+        return any_rank(self.stop_requested, self.info)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self) -> str | None:
@@ -365,7 +376,7 @@ class TrainingLoop:
         _set_rng_state(state["rng"][self.info.rank] if len(state["rng"]) > self.info.rank else state["rng"][0])
         self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
         self.history, self.eval_history = state["history"], state["eval_history"]
-        self._log(f"resumed from {path} at step {self.step}") if self.bar else None
+        self._log(f"resumed from {path} at step {self.step}")
 
     def _result(self, train_seconds: float) -> TrainResult:
         cfg, info, tokenized = self.cfg, self.info, self.tokenized
@@ -443,6 +454,13 @@ def _flush(history: list[dict], pending: list, window: dict, epoch: float, bar,
     return rows
 
 
+def progress_line(rows: list[dict], total_steps: int) -> str:
+    """One plain log line for the newest interval: step, epoch, mean loss, lr, throughput."""
+    last = rows[-1]
+    return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {np.mean([r['loss'] for r in rows]):.4f} "
+            f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s {last.get('tokens_per_s', 0):.0f} tokens/s")
+
+
 def _eval_row(step: int, epoch: int, scores: dict) -> dict:
     return {"step": step, "epoch": epoch, **scores}
 
@@ -499,6 +517,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
+    quiet_library_bars()
     from .tracking import default_callbacks  # TensorBoard; the hypertune report in a tuning trial (imports this module)
     callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
     info = init_distributed()
@@ -515,8 +534,14 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
     root = checkpoint_root(cfg.checkpoint_dir, job_dir)
-    resume_from = latest_checkpoint(root) if cfg.resume == "auto" else cfg.resume
-    if verbose and cfg.resume:
+    resume = cfg.resume
+    if resume is None and os.environ.get("AIP_CHECKPOINT_DIR"):
+        # Vertex AI runs a restarted replica with the same command: it must continue, not start over.
+        resume = "auto"
+        if verbose:
+            print(f"AIP_CHECKPOINT_DIR is set (Vertex AI): resuming from the newest complete checkpoint in {root}, if any")
+    resume_from = latest_checkpoint(root) if resume == "auto" else resume
+    if verbose and resume:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
     try:
         result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,

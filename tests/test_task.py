@@ -1,6 +1,7 @@
 """The command line as users meet it: every mistake gives one clear message and writes nothing."""
 
 import json
+import re
 
 import pytest
 
@@ -66,3 +67,51 @@ def test_job_dir_defaults_to_aip_model_dir(tmp_path, tiny_model_dir):
                     "--max_train_samples", "32", "--no-progress", env={"AIP_MODEL_DIR": str(job)})
     assert proc.returncode == 0, proc.stderr
     assert (job / "metrics.json").is_file()
+
+
+# -- what a person sees: a bar in a terminal, plain lines in a collected log (a file, a pipe, Cloud Logging) ------
+LOGGED_RUN = ("--profile", "smoke", "--data", "sample", "--epochs", "1", "--max_train_samples", "96",
+              "--batch_size", "8", "--log_every", "3")  # 12 steps: a line at 3, 6, 9 and 12
+
+
+def test_a_collected_log_holds_one_plain_line_per_log_interval_and_no_bar(tmp_path, tiny_model_dir):
+    proc = run_task(*LOGGED_RUN, "--model-name", tiny_model_dir, "--job-dir", str(tmp_path / "job"))
+    assert proc.returncode == 0, proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "\r" not in output  # no carriage-return bar, from us or from datasets/transformers
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["3/12", "6/12", "9/12", "12/12"], proc.stdout
+    assert all(re.fullmatch(r"step \d+/12 epoch [\d.]+ loss \d+\.\d{4} lr \S+ [\d.]+ examples/s \d+ tokens/s", line)
+               for line in lines), lines
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("eval step 12/12")]) == 1
+
+
+def test_a_terminal_gets_the_live_bar_instead(tmp_path, tiny_model_dir):
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from tests.helpers import ROOT
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *LOGGED_RUN, "--model-name", tiny_model_dir,
+                             "--job-dir", str(tmp_path / "job")], stdout=follower, stderr=follower, cwd=ROOT)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=300) == 0
+    seen = b"".join(chunks).decode(errors="replace")
+    assert re.search(r"\rtrain: +\d+%.*\| *12/12 ", seen), seen[-3000:]  # tqdm's redrawn bar
+    assert not re.search(r"^step \d+/12 ", seen, re.M)
