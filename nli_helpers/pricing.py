@@ -11,6 +11,11 @@ The prices are APPROXIMATE on-demand list prices of Vertex AI custom training in
 hour, transcribed from the pricing page (PRICE_SOURCE) as it stood in mid-2025 and NOT re-checked since:
 the build machines cannot reach Google Cloud. Other regions, Spot VMs and committed-use discounts all
 differ. Check PRICE_SOURCE (or the Cloud Billing SKU list) before relying on a number.
+
+The A3 (H100) rows were added on 2026-11-23 and come from elsewhere (A3_PRICE_SOURCE): Compute Engine's
+on-demand list prices for us-central1 as read from the Cloud Billing catalog in 2026-09, times 1.15, the
+Vertex AI training markup that the table's N1 and A2 rows show against Compute Engine (e.g. A100: $2.934
+x 1.15 = $3.3741). An A3 machine's price includes its H100s (Compute Engine sells them together).
 """
 
 from __future__ import annotations
@@ -39,7 +44,17 @@ MACHINE_PRICES_PER_HOUR: dict[str, float] = {
     "a2-highgpu-2g": 1.7008,
     "a2-highgpu-4g": 3.4016,
     "a2-highgpu-8g": 6.8032,
+    # A3: the machine price includes its NVIDIA_H100_80GB GPUs (A3_PRICE_SOURCE; Compute Engine $10.98/GPU-hour).
+    "a3-highgpu-1g": 12.6260,
+    "a3-highgpu-2g": 25.2520,
+    "a3-highgpu-4g": 50.5040,
+    "a3-highgpu-8g": 101.7635,
 }
+A3_PRICE_SOURCE = ("Compute Engine on-demand list prices, us-central1, from the Cloud Billing catalog as read 2026-09 "
+                   "(a3-highgpu-1g $10.98/h, 2g and 4g taken as 2x and 4x that, a3-highgpu-8g $88.49/h) x 1.15 (Vertex AI training markup); not read from "
+                   "the Vertex AI pricing page: check " + "https://cloud.google.com/vertex-ai/pricing")
+# GPUs whose price is part of their machine type's row (Compute Engine sells A3 machines with their GPUs).
+PRICED_WITH_MACHINE = {"NVIDIA_H100_80GB"}
 
 # USD per hour per GPU.
 ACCELERATOR_PRICES_PER_HOUR: dict[str, float] = {
@@ -66,13 +81,19 @@ ATTACHED_GPUS: list[tuple[str, str, int | None]] = [
     (r"g2-standard-48", "NVIDIA_L4", 4),
     (r"g2-standard-96", "NVIDIA_L4", 8),
 ]
-# N1 machines take a GPU you choose: the allowed counts per GPU type.
-N1_GPU_COUNTS: dict[str, tuple[int, ...]] = {
-    "NVIDIA_TESLA_T4": (1, 2, 4),
-    "NVIDIA_TESLA_P4": (1, 2, 4),
-    "NVIDIA_TESLA_P100": (1, 2, 4),
-    "NVIDIA_TESLA_V100": (1, 2, 4, 8),
+# N1 machines take a GPU you choose, in these counts, each count with at most so many vCPUs and GB of memory:
+# {GPU: {count: (max vCPUs, max memory GB)}}. From Compute Engine's "GPU machine types" page, N1 section
+# (https://cloud.google.com/compute/docs/gpus); transcribed from memory of that table on 2026-11-23 and NOT
+# re-read (the build machines cannot reach it). P100 x 4 allows 96 vCPUs / 624 GB in a few zones; 64 / 208 here.
+N1_GPU_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
+    "NVIDIA_TESLA_T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
+    "NVIDIA_TESLA_P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
+    "NVIDIA_TESLA_P100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
+    "NVIDIA_TESLA_V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
 }
+N1_GPU_COUNTS: dict[str, tuple[int, ...]] = {gpu: tuple(limits) for gpu, limits in N1_GPU_LIMITS.items()}
+# GB of memory per vCPU of the predefined N1 families.
+N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 
 
 class PricingError(NLIError):
@@ -107,7 +128,24 @@ def accelerator_problem(machine_type: str, accelerator_type: str | None, acceler
     if accelerator_count not in N1_GPU_COUNTS[accelerator_type]:
         return (f"{accelerator_type} attaches to n1-* machines in counts of "
                 f"{', '.join(map(str, N1_GPU_COUNTS[accelerator_type]))}, not {accelerator_count}")
-    return None
+    return n1_size_problem(machine_type, accelerator_type, accelerator_count)
+
+
+def n1_size_problem(machine_type: str, accelerator_type: str, accelerator_count: int) -> str | None:
+    """None when an N1 machine is small enough for its GPUs, else what to use (Compute Engine caps vCPUs and memory
+    per GPU count: one V100 takes at most 12 vCPUs, so n1-standard-16 + 1 x V100 does not exist)."""
+    found = re.fullmatch(r"n1-(standard|highmem|highcpu)-(\d+)", machine_type)
+    if not found:
+        return None  # custom N1 shapes: not checked here
+    vcpus, memory = int(found.group(2)), int(found.group(2)) * N1_MEMORY_PER_VCPU[found.group(1)]
+    max_vcpus, max_memory = N1_GPU_LIMITS[accelerator_type][accelerator_count]
+    if vcpus <= max_vcpus and memory <= max_memory:
+        return None
+    fits = [c for c, (v, m) in sorted(N1_GPU_LIMITS[accelerator_type].items()) if vcpus <= v and memory <= m]
+    hint = (f"use at most {max_vcpus} vCPUs ({max_memory} GB) with {accelerator_count} x {accelerator_type}"
+            + (f", or attach {fits[0]} GPUs" if fits else ""))
+    return (f"{machine_type} ({vcpus} vCPUs, {memory:g} GB) is too large for {accelerator_count} x {accelerator_type}: "
+            f"{hint}")
 
 
 @dataclass(frozen=True)
@@ -129,13 +167,26 @@ class CostEstimate:
     def total(self) -> float:
         return self.per_hour * self.hours
 
+    @property
+    def sources(self) -> str:
+        a3 = f"; A3 rows: {A3_PRICE_SOURCE}" if self.machine_type.startswith("a3-") else ""
+        return (f"approximate on-demand list prices in {PRICE_REGION} as of {PRICE_TABLE_DATE}; Spot VMs cost less, "
+                f"other regions differ: check {PRICE_SOURCE}{a3}")
+
     def __str__(self) -> str:
-        gpu = (f" + {self.accelerator_count} x {self.accelerator_type} ${self.accelerator_per_hour:.4f}/h"
-               if self.accelerator_type else "")
+        gpu = gpu_text(self)
         replicas = f"{self.replica_count} replica{'s' if self.replica_count != 1 else ''}"
         return (f"about ${self.total:.2f} = ({self.machine_type} ${self.machine_per_hour:.4f}/h{gpu}) x {replicas} "
-                f"x {self.hours:g} h; approximate on-demand list prices in {PRICE_REGION} as of {PRICE_TABLE_DATE}; "
-                f"Spot VMs cost less, other regions differ: check {PRICE_SOURCE}")
+                f"x {self.hours:g} h; {self.sources}")
+
+
+def gpu_text(est: CostEstimate) -> str:
+    """' + 2 x NVIDIA_TESLA_T4 $0.4025/h', or the GPUs a machine's price includes, or ''."""
+    if not est.accelerator_type:
+        return ""
+    if est.accelerator_type in PRICED_WITH_MACHINE:
+        return f" incl. {est.accelerator_count} x {est.accelerator_type}"
+    return f" + {est.accelerator_count} x {est.accelerator_type} ${est.accelerator_per_hour:.4f}/h"
 
 
 def estimate_cost(machine_type: str, accelerator_type: str | None = None, accelerator_count: int = 0,
@@ -147,7 +198,7 @@ def estimate_cost(machine_type: str, accelerator_type: str | None = None, accele
         raise PricingError(f"no price for machine type {machine_type!r} in the table ({PRICE_TABLE_DATE}); it "
                            f"knows {', '.join(MACHINE_PRICES_PER_HOUR)}. Look it up at {PRICE_SOURCE}")
     gpu_price = 0.0
-    if accelerator_type and accelerator_count:
+    if accelerator_type and accelerator_count and accelerator_type not in PRICED_WITH_MACHINE:
         if accelerator_type not in ACCELERATOR_PRICES_PER_HOUR:
             raise PricingError(f"no price for accelerator {accelerator_type!r} in the table ({PRICE_TABLE_DATE}); "
                                f"it knows {', '.join(ACCELERATOR_PRICES_PER_HOUR)}. Look it up at {PRICE_SOURCE}")

@@ -112,6 +112,12 @@ def _range_problems(name: str, spec: ParameterRange, base: TrainConfig) -> list[
             return [f"a log scale needs min > 0 (got {spec.min})"]
     elif not spec.values:
         return ["no values to choose from"]
+    elif isinstance(spec, Discrete) and (repeated := _close_values(spec.values)):
+        return [f"values {', '.join(map(repr, repeated))} repeat: Vertex AI wants distinct values, in increasing "
+                "order and at least 1e-10 apart (StudySpec DiscreteValueSpec); list each value once"]
+    elif isinstance(spec, Categorical) and len(set(spec.values)) < len(spec.values):
+        return [f"values {sorted({v for v in spec.values if list(spec.values).count(v) > 1})} repeat: list each "
+                "category once"]
     if kind is int and any(float(v) != int(v) for v in range_values(spec)):
         return [f"{kind.__name__} field: values must be whole numbers"]
     problems = []
@@ -121,6 +127,12 @@ def _range_problems(name: str, spec: ParameterRange, base: TrainConfig) -> list[
         except ConfigError as err:
             problems.append(f"value {value!r}: {str(err).splitlines()[-1].strip(' -')}")
     return problems
+
+
+def _close_values(values: Sequence[float]) -> list[float]:
+    """The values of a discrete range that repeat (closer than 1e-10 to a neighbour once sorted)."""
+    ordered = sorted(float(v) for v in values)
+    return sorted({b for a, b in zip(ordered, ordered[1:]) if b - a < 1e-10})
 
 
 def vertex_parameter_specs(space: Mapping[str, ParameterRange]) -> dict:
@@ -252,13 +264,15 @@ def build_tuning_job(cfg: TrainConfig, machine, space: Mapping[str, ParameterRan
 
 
 def submit_tuning_job(job, *, service_account: str | None = None, tensorboard: str | None = None,
-                      spot: bool = False, restart_job_on_worker_restart: bool = False, timeout_s: int | None = None):
+                      spot: bool = False, restart_job_on_worker_restart: bool | None = None,
+                      timeout_s: int | None = None):
     """Create the tuning job on Vertex AI and return it at once; watch it with `vertex.watch_job(job)`.
 
     The SDK's `run()` blocks until every trial ends, and `run(sync=False)` leaves a thread that polls the job,
     keeps the Python process alive and logs into whatever notebook cell runs next. So this creates the job as
     `CustomJob.submit` does, through the SDK's own client, and returns the SDK's job object. `tensorboard`:
-    see `vertex.check_vertex_tensorboard`. `timeout_s`, `spot` and `restart_job_on_worker_restart` apply to each trial.
+    see `vertex.check_vertex_tensorboard`. `timeout_s`, `spot` and `restart_job_on_worker_restart` apply to each trial; the last defaults to on
+    for trials of several training replicas, as in `vertex.submit_custom_job`.
     """
     from google.api_core import exceptions as api_exceptions
     from google.auth.exceptions import GoogleAuthError
@@ -270,6 +284,8 @@ def submit_tuning_job(job, *, service_account: str | None = None, tensorboard: s
     # Not yet created, so the SDK's public `gca_resource` refuses; its `run()` edits the same proto.
     proto = job._gca_resource
     spec = proto.trial_job_spec
+    if restart_job_on_worker_restart is None:
+        restart_job_on_worker_restart = sum(p.replica_count for p in spec.worker_pool_specs[:2]) > 1
     if tensorboard:
         vertex.check_vertex_tensorboard(tensorboard, service_account)
         spec.tensorboard = tensorboard

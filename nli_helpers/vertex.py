@@ -45,9 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
 from google.auth.exceptions import GoogleAuthError
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from nli_helpers import pricing, storage
-from nli_helpers.config import NLIError, TrainConfig
+from nli_helpers.config import NLIError, TrainConfig, make_config, resolve_profile
 from nli_helpers.pricing import CostEstimate, PricingError, accelerator_problem, estimate_cost
 
 if TYPE_CHECKING:
@@ -55,7 +57,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Machine", "ReductionServer", "Check", "VertexError", "PreflightError", "JobFailedError",
            "NoPrebuiltImageError", "build_sdist", "stage_package", "prebuilt_image_uri", "newest_prebuilt_image_uri",
-           "image_torch_version", "torch_minor", "local_torch_version", "bucket_location_check", "job_args",
+           "image_torch_version", "torch_minor", "local_torch_version", "package_torch_requirement", "PrebuiltImage",
+           "prebuilt_image", "prebuilt_image_problem", "trainer_image_uri", "job_config", "prebuilt_images_table",
+           "trainer_image_build_commands", "bucket_location_check", "job_args",
            "python_package_worker_pools", "container_worker_pools", "pools_table", "preflight", "estimate_cost",
            "CostEstimate", "estimate_job_cost", "JobCostEstimate", "init_vertex", "submit_custom_job", "watch_job",
            "logs_url", "fetch_outputs"]
@@ -73,17 +77,31 @@ TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELL
 CREDENTIALS_HELP = ("no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
                     "Workbench notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS")
 
-# torch major.minor -> (GPU image, CPU-only image, end of availability of the GPU image). Read on 2026-11-22 from
-# IMAGES_SOURCE ("Prebuilt containers for custom training"); 2.4 is the newest PyTorch listed there. Images past
-# their end of availability may be refused: preflight says so.
-IMAGES_SOURCE = ("https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/training/"
-                 "pre-built-containers (was cloud.google.com/vertex-ai/docs/training/pre-built-containers)")
+# The prebuilt PyTorch *training* images, torch major.minor -> PrebuiltImage, read on 2026-11-22 from IMAGES_SOURCE
+# ("Prebuilt containers for custom training"): 2.4 is the newest PyTorch listed there, each "GPU only (CUDA 12.x)"
+# or "CPU only", Python 3.10, only the `:latest` tag supported. A python-package job runs on one of these: Vertex
+# pip-installs the sdist over the image's torch (REST PythonPackageSpec.executorImageUri: "You must use an image
+# from this list"). None of them can run this package (`prebuilt_image_problem`), which is why the custom container
+# (docker/Dockerfile) is the default path.
+IMAGES_SOURCE = ("https://docs.cloud.google.com/vertex-ai/docs/training/pre-built-containers (now also filed under "
+                 "docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/training/pre-built-containers)")
 IMAGES_TABLE_DATE = "2026-11-22"
-PREBUILT_PYTORCH_IMAGES: dict[str, tuple[str, str, str]] = {
-    "2.4": ("pytorch-gpu.2-4.py310", "pytorch-xla.2-4.py310", "2026-07-24"),
-    "2.3": ("pytorch-gpu.2-3.py310", "pytorch-xla.2-3.py310", "2026-04-24"),
-    "2.2": ("pytorch-gpu.2-2.py310", "pytorch-xla.2-2.py310", "2026-01-30"),
-    "2.1": ("pytorch-gpu.2-1.py310", "pytorch-xla.2-1.py310", "2025-10-04"),
+
+
+@dataclass(frozen=True)
+class PrebuiltImage:
+    torch: str  # major.minor
+    python: str
+    gpu_image: str
+    cpu_image: str
+    end_of_availability: str  # ISO date
+
+
+PREBUILT_PYTORCH_IMAGES: dict[str, PrebuiltImage] = {
+    "2.4": PrebuiltImage("2.4", "3.10", "pytorch-gpu.2-4.py310", "pytorch-xla.2-4.py310", "2026-07-24"),
+    "2.3": PrebuiltImage("2.3", "3.10", "pytorch-gpu.2-3.py310", "pytorch-xla.2-3.py310", "2026-04-24"),
+    "2.2": PrebuiltImage("2.2", "3.10", "pytorch-gpu.2-2.py310", "pytorch-xla.2-2.py310", "2026-01-30"),
+    "2.1": PrebuiltImage("2.1", "3.10", "pytorch-gpu.2-1.py310", "pytorch-xla.2-1.py310", "2025-10-04"),
 }
 # Multi- and dual-region bucket locations, and the region-name prefixes / regions they contain.
 BUCKET_MULTI_REGIONS = {"US": ("us-", "northamerica-"), "EU": ("europe-",), "ASIA": ("asia-",),
@@ -188,8 +206,22 @@ def torch_minor(version: str) -> str:
 
 
 def local_torch_version() -> str:
-    """The torch you develop and test with here: what the job should run."""
+    """The torch you develop and test with here."""
     return importlib.metadata.version("torch")
+
+
+def package_torch_requirement() -> SpecifierSet:
+    """The torch versions this package accepts, from its own installed metadata (pyproject's `torch>=...`).
+
+    The floor is transformers' own: transformers 5 disables PyTorch below 2.6 at import
+    (`transformers.utils.import_utils.is_torch_available`), so pyproject asks for torch>=2.6 and
+    tests/test_vertex.py checks that the two agree.
+    """
+    for line in importlib.metadata.requires("nli-helpers") or []:
+        requirement = Requirement(line)
+        if requirement.name == "torch" and not requirement.marker:
+            return requirement.specifier
+    raise VertexError("the installed nli-helpers declares no torch requirement: reinstall it (pip install -e .)")
 
 
 def registry_host(region: str) -> str:
@@ -208,28 +240,115 @@ def prebuilt_image_uri(torch_version: str, *, gpu: bool = True, region: str = "u
         raise NoPrebuiltImageError(
             f"no prebuilt Vertex AI PyTorch training image for torch {minor} (the table, read {IMAGES_TABLE_DATE} "
             f"from {IMAGES_SOURCE}, has {', '.join(PREBUILT_PYTORCH_IMAGES)}). Use the custom-container path: build "
-            "docker/Dockerfile (the torch constraints.txt pins) and pass image_uri=...; or pass executor_image_uri "
-            "explicitly to run on that image's older torch, untested")
-    gpu_image, cpu_image, _ = PREBUILT_PYTORCH_IMAGES[minor]
-    return f"{registry_host(region)}/vertex-ai/training/{gpu_image if gpu else cpu_image}:latest"
+            "docker/Dockerfile (the torch constraints.txt pins) and pass image_uri=...")
+    image = PREBUILT_PYTORCH_IMAGES[minor]
+    return f"{registry_host(region)}/vertex-ai/training/{image.gpu_image if gpu else image.cpu_image}:latest"
 
 
 def newest_prebuilt_image_uri(*, gpu: bool = True, region: str = "us-central1") -> str:
-    """The newest prebuilt PyTorch training image in the table (for the python-package path when yours has none)."""
+    """The newest prebuilt PyTorch training image in the table (what the python-package path would have to use)."""
     return prebuilt_image_uri(max(PREBUILT_PYTORCH_IMAGES, key=lambda v: tuple(map(int, v.split(".")))),
                               gpu=gpu, region=region)
 
 
+def prebuilt_image(image_uri: str) -> PrebuiltImage | None:
+    """The table's entry for a prebuilt image URI (any registry host, `:latest`), else None."""
+    host, _, rest = image_uri.partition("/")
+    name, _, tag = rest.removeprefix("vertex-ai/training/").partition(":")
+    if host not in ("us-docker.pkg.dev", "europe-docker.pkg.dev", "asia-docker.pkg.dev") or tag != "latest":
+        return None
+    return next((img for img in PREBUILT_PYTORCH_IMAGES.values() if name in (img.gpu_image, img.cpu_image)), None)
+
+
 def image_torch_version(image_uri: str) -> str | None:
     """The torch major.minor of a prebuilt image URI from the table, else None."""
-    name = image_uri.rsplit("/", 1)[-1].split(":")[0]
-    return next((minor for minor, (g, c, _) in PREBUILT_PYTORCH_IMAGES.items() if name in (g, c)), None)
+    image = prebuilt_image(image_uri)
+    return image.torch if image else None
+
+
+def prebuilt_image_problem(executor_image_uri: str, *, today: str | None = None) -> str | None:
+    """Why the python-package path cannot run this package on that image, or None when it can.
+
+    Vertex pip-installs the sdist over the image's torch. When the image's torch is outside the package's range,
+    pip either keeps it (and transformers disables PyTorch at import: the job fails after the GPUs started) or, as
+    with today's `torch>=2.6`, downloads a second multi-GB CUDA build of torch from PyPI on every replica at every
+    start, whose CUDA the image's drivers may not run. Neither is a job worth paying for.
+    """
+    container = ("Use the custom container instead: build docker/Dockerfile, push it, and pass image_uri= "
+                 "(vertex.container_worker_pools; notebook 03 shows how)")
+    image = prebuilt_image(executor_image_uri)
+    if image is None:
+        return (f"{executor_image_uri} is not a prebuilt Vertex AI training image (with the :latest tag): Vertex "
+                f"accepts only those for a python package (see {IMAGES_SOURCE}). {container}")
+    problems = []
+    wanted = package_torch_requirement()
+    if not wanted.contains(f"{image.torch}.0"):
+        problems.append(f"its torch {image.torch} is outside this package's torch{wanted} (transformers 5 disables "
+                        "PyTorch below 2.6), so pip would pull a second multi-GB torch from PyPI on every replica")
+    if image.end_of_availability < (today or time.strftime("%Y-%m-%d")):
+        problems.append(f"it reached its end of availability on {image.end_of_availability} (table of "
+                        f"{IMAGES_TABLE_DATE})")
+    if not problems:
+        return None
+    return f"{executor_image_uri} cannot run this package: {'; '.join(problems)}. {container}"
+
+
+def trainer_image_uri(project: str, region: str, *, repository: str = "nli", image: str = "trainer",
+                      tag: str | None = None) -> str:
+    """Where docker/README.md pushes the trainer image: REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG.
+
+    The tag defaults to the package version: rebuild and push after you change the code (or pass another tag).
+    """
+    from . import __version__
+
+    if not project:
+        raise VertexError("trainer_image_uri needs the project id: pass project=..., or set GOOGLE_CLOUD_PROJECT")
+    return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag or __version__}"
+
+
+def trainer_image_build_commands(image_uri: str) -> str:
+    """The shell commands that build docker/Dockerfile and push it as `image_uri` (run from the repository root):
+    with Cloud Build (no Docker engine needed, e.g. from Workbench), or with a local Docker engine."""
+    host = image_uri.split("/", 1)[0]
+    repository = image_uri.split("/")[2] if host.endswith("-docker.pkg.dev") and image_uri.count("/") >= 3 else None
+    create = (f"gcloud artifacts repositories create {repository} --repository-format=docker "
+              f"--location={host.removesuffix('-docker.pkg.dev')}   # once\n") if repository else ""
+    return (f"{create}gcloud builds submit --config docker/cloudbuild.yaml --substitutions=_IMAGE={image_uri} .\n"
+            f"# or, with a local Docker engine:\n"
+            f"gcloud auth configure-docker {host}   # once\n"
+            f"docker build -f docker/Dockerfile -t {image_uri} . && docker push {image_uri}")
+
+
+def prebuilt_images_table() -> list[dict]:
+    """One row per prebuilt PyTorch training image (GPU variants): its torch and Python, end of availability, and
+    why it cannot run this package (`prebuilt_image_problem`), for a look before choosing the path."""
+    rows = []
+    for image in PREBUILT_PYTORCH_IMAGES.values():
+        problem = prebuilt_image_problem(f"us-docker.pkg.dev/vertex-ai/training/{image.gpu_image}:latest")
+        reason = problem.split(" cannot run this package: ", 1)[-1].split(". Use the custom container")[0] if problem else ""
+        rows.append({"image": image.gpu_image, "torch": image.torch, "python": image.python,
+                     "end of availability": image.end_of_availability, "runs this package": problem is None,
+                     "why not": reason})
+    return rows
 
 
 # -- worker pools ------------------------------------------------------------------------------------------------
+def job_config(profile: str = "auto", *, verbose: bool = False, **overrides: Any) -> TrainConfig:
+    """`make_config` for a Vertex AI job. A job cannot read this machine's files, so on `smoke` its data is the
+    sample the package carries unless you name one (a gs:// URI): $NLI_REAL_DATA, which `make_config` takes on
+    smoke, is a local file. The smoke model, MiniLM, is in the trainer image (docker/Dockerfile installs [smoke])."""
+    name, _ = resolve_profile(profile)
+    if name == "smoke" and not overrides.get("data"):
+        overrides["data"] = "sample"
+    return make_config(name, verbose=verbose, **overrides)
+
+
 def job_args(cfg: TrainConfig) -> list[str]:
-    """The trainer's arguments, without --job-dir: on Vertex the trainer writes to AIP_MODEL_DIR."""
-    return dataclasses.replace(cfg, job_dir=None).to_cli_args()
+    """The trainer's arguments, without --job-dir (on Vertex the trainer writes to AIP_MODEL_DIR), and with
+    --resume=auto unless the config names a checkpoint: Vertex restarts a replica with the same command after VM
+    maintenance or a Spot preemption, and the restarted trainer must continue from its newest checkpoint in
+    AIP_CHECKPOINT_DIR, not start over (the trainer also assumes it there when AIP_CHECKPOINT_DIR is set)."""
+    return dataclasses.replace(cfg, job_dir=None, resume=cfg.resume or "auto").to_cli_args()
 
 
 def python_package_worker_pools(cfg: TrainConfig, machine: Machine, package_uri: str, *,
@@ -303,8 +422,7 @@ def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainC
     if reduction_server is not None:
         checks.append(_check_reduction_server(reduction_server, machine, custom_container=bool(image_uri)))
     if image_uri:
-        checks.append(Check("image/torch", "ok", f"custom container {image_uri}: torch comes from its base image "
-                            "(docker/Dockerfile pins the torch of constraints.txt)"))
+        checks.append(_check_container_image(image_uri, region))
     else:
         checks.append(_check_sdist(sdist))
         checks.append(_check_prebuilt_image(executor_image_uri, machine, region))
@@ -370,9 +488,9 @@ def _check_reduction_server(server: ReductionServer, machine: Machine, *, custom
                      f"the usual choice), at least one replica: {problem or f'replica_count={server.replica_count}'}")
     summary = f"{server.replica_count} x {server.machine_type} running {server.image_uri}"
     if custom_container:
-        return Check(name, "warn", f"{summary}; your image must carry Google's Reduction Server NCCL plugin "
-                     "(the google-reduction-server package; prebuilt GPU training images have it, docker/Dockerfile "
-                     "does not install it): without it NCCL ignores the reducers")
+        return Check(name, "ok", f"{summary}; the training image must carry Google's NCCL plugin (the "
+                     "google-reduction-server package): docker/Dockerfile installs it, an image of your own must too, "
+                     "or NCCL ignores the reducers")
     return Check(name, "ok", summary)
 
 
@@ -383,25 +501,28 @@ def _check_sdist(sdist: str | Path | None) -> Check:
 
 
 def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, region: str) -> Check:
-    local = torch_minor(local_torch_version())
     if executor_image_uri is None:
         try:
-            executor_image_uri = prebuilt_image_uri(local, gpu=bool(machine.accelerator_type), region=region)
+            executor_image_uri = prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu, region=region)
         except NoPrebuiltImageError as err:
             return Check("image/torch", "fail", str(err))
-    image_torch = image_torch_version(executor_image_uri)
-    if image_torch is None:
-        return Check("image/torch", "warn", f"{executor_image_uri} is not in the prebuilt table: its torch is unknown")
-    end = PREBUILT_PYTORCH_IMAGES[image_torch][2]
-    if end < time.strftime("%Y-%m-%d"):  # warn, not fail: the table may be older than the docs, and Vertex
-        # refuses an unavailable image when the job is created, before it costs anything
-        return Check("image/torch", "warn", f"{executor_image_uri} reached end of availability on {end} by the "
-                     f"table of {IMAGES_TABLE_DATE}: Vertex may refuse it; the custom container (docker/Dockerfile) "
-                     f"avoids this. Image torch {image_torch}, yours {local}")
-    if image_torch != local:
-        return Check("image/torch", "warn", f"the image has torch {image_torch}, you test with {local}: pip keeps the "
-                     "image's torch, so the job runs an untested torch; the custom container matches exactly")
-    return Check("image/torch", "ok", f"{executor_image_uri} has torch {image_torch}, as here")
+    problem = prebuilt_image_problem(executor_image_uri)
+    if problem:
+        return Check("image/torch", "fail", problem)
+    image = prebuilt_image(executor_image_uri)
+    return Check("image/torch", "ok", f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
+
+
+def _check_container_image(image_uri: str, region: str) -> Check:
+    if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
+        return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: expected "
+                     "REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG (vertex.trainer_image_uri)")
+    host = image_uri.split("/", 1)[0]
+    if host.endswith("-docker.pkg.dev") and not host.startswith((f"{region}-", "us-", "europe-", "asia-")):
+        return Check("image/torch", "warn", f"{image_uri} lives in {host.removesuffix('-docker.pkg.dev')}, the job "
+                     f"runs in {region}: every replica pulls it across regions (slower, egress charges)")
+    return Check("image/torch", "ok", f"custom container {image_uri}: torch and CUDA come from the image "
+                 "(docker/Dockerfile: the torch of constraints.txt, a CUDA 12.x build)")
 
 
 def _check_data(cfg: TrainConfig) -> Check:
@@ -439,12 +560,9 @@ class JobCostEstimate:
         hours = self.pools[0][1].hours
         lines = [f"about ${self.total:.2f} = ${self.per_hour:.4f}/h x {hours:g} h, over every pool:"]
         for name, est in self.pools:
-            gpu = (f" + {est.accelerator_count} x {est.accelerator_type} ${est.accelerator_per_hour:.4f}/h"
-                   if est.accelerator_type else "")
-            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} ${est.machine_per_hour:.4f}/h{gpu}) "
-                         f"= ${est.per_hour:.4f}/h")
-        lines.append(f"approximate on-demand list prices in {pricing.PRICE_REGION} as of {pricing.PRICE_TABLE_DATE}; "
-                     f"Spot VMs cost less, other regions differ: check {pricing.PRICE_SOURCE}")
+            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} ${est.machine_per_hour:.4f}/h"
+                         f"{pricing.gpu_text(est)}) = ${est.per_hour:.4f}/h")
+        lines.append(max((est.sources for _, est in self.pools), key=len))
         return "\n".join(lines)
 
 
@@ -530,16 +648,27 @@ def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> N
                           "roles/aiplatform.user)")
 
 
+def training_replicas(worker_pool_specs: list[dict]) -> int:
+    """How many replicas train (the chief pool and the workers pool; not reducers or evaluators)."""
+    return sum(int(pool.get("replica_count", 0)) for pool in worker_pool_specs[:2])
+
+
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, display_name: str | None = None,
                       service_account: str | None = None, labels: dict[str, str] | None = None, spot: bool = False,
-                      restart_job_on_worker_restart: bool = False, timeout_s: int | None = None,
+                      restart_job_on_worker_restart: bool | None = None, timeout_s: int | None = None,
                       tensorboard: str | None = None) -> CustomJob:
     """Create the CustomJob and return at once (watch it with `watch_job`).
 
-    `tensorboard`: a Vertex AI TensorBoard resource to stream the job's scalars to (`check_vertex_tensorboard`).
+    `restart_job_on_worker_restart=None` turns it on for a job of several training replicas: when Vertex restarts
+    one replica (maintenance, Spot preemption), the others are restarted too, because torchrun's fixed rendezvous
+    cannot take a single new node back; every replica then resumes from the newest checkpoint. `spot=True` runs on
+    Spot VMs (preemptible, cheaper). `tensorboard`: a Vertex AI TensorBoard resource to stream the job's scalars to
+    (`check_vertex_tensorboard`).
     """
     if tensorboard:
         check_vertex_tensorboard(tensorboard, service_account)
+    if restart_job_on_worker_restart is None:
+        restart_job_on_worker_restart = training_replicas(worker_pool_specs) > 1
     aiplatform = _aiplatform()
     from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
 
@@ -570,31 +699,61 @@ def logs_url(job: CustomJob) -> str:
     return f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}?project={parts[1]}"
 
 
-def watch_job(job: CustomJob | str, *, poll_s: float = 30.0, timeout_s: float | None = None,
-              progress: bool = True) -> str:
-    """Poll until the job ends; return its final state, or raise JobFailedError / VertexError on timeout."""
+WATCH_TIMEOUT_S = 3 * 24 * 3600.0  # longer than any recipe here; shorter than forever
+QUEUED_NOTICE_S = 300.0
+QUOTAS_HELP = ("Vertex AI keeps a job queued while the project lacks custom-training quota for it "
+               "(https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service#queue): check "
+               "'Custom model training {gpu} per region' for {region} at "
+               "https://console.cloud.google.com/iam-admin/quotas?project={project} and request more, pick another "
+               "region or GPU, or cancel it with job.cancel()")
+
+
+def watch_job(job: CustomJob | str, *, poll_s: float = 30.0, timeout_s: float | None = WATCH_TIMEOUT_S,
+              queued_notice_s: float = QUEUED_NOTICE_S, progress: bool = True) -> str:
+    """Poll until the job ends; return its final state, or raise JobFailedError / VertexError on timeout.
+
+    A job that stays JOB_STATE_QUEUED longer than `queued_notice_s` gets one line saying why (quota) and what to
+    do. `timeout_s=None` waits for ever; on a timeout the job keeps running and the error says how to watch again.
+    """
     from tqdm.auto import tqdm
 
     if isinstance(job, str):
         job = _aiplatform().CustomJob.get(job)
-    start, last = time.monotonic(), None
+    start, last, queued_since, told = time.monotonic(), None, None, False
     with tqdm(total=None, bar_format="{desc} [{elapsed}]", disable=not progress) as bar:
         while True:
             state = job.state.name  # each read fetches the job again
             if state != last:
                 bar.write(f"{job.display_name}: {state}")
                 last = state
+                queued_since = time.monotonic() if state == "JOB_STATE_QUEUED" else None
             bar.set_description_str(f"{job.display_name}: {state}")
             if state in TERMINAL_STATES:
                 break
+            if queued_since is not None and not told and time.monotonic() - queued_since >= queued_notice_s:
+                bar.write(f"{job.display_name} is still queued after {time.monotonic() - queued_since:.0f} s: "
+                          + queued_help(job))
+                told = True
             if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s; it keeps running: "
+                why = f" ({queued_help(job)})" if state == "JOB_STATE_QUEUED" else ""
+                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s{why}; it keeps running: "
                                   f"watch_job('{job.resource_name}') again, or cancel it with job.cancel()")
             time.sleep(poll_s)
     if state != "JOB_STATE_SUCCEEDED":
         raise JobFailedError(f"{job.resource_name} ended {state}: {job.error.message or 'no error message'}; "
                              f"logs: {logs_url(job)}")
     return state
+
+
+def queued_help(job) -> str:
+    """What a queued job waits for, with the quota page of its project and the GPU it asked for."""
+    from google.cloud.aiplatform.compat.types import accelerator_type
+
+    _, project, _, region, *_ = job.resource_name.split("/")
+    spec = job.job_spec.worker_pool_specs[0].machine_spec if job.job_spec.worker_pool_specs else None
+    gpu = accelerator_type.AcceleratorType(spec.accelerator_type).name if spec and spec.accelerator_count else "CPU"
+    return QUOTAS_HELP.format(gpu=gpu.replace("_", " ") + (" GPUs" if gpu != "CPU" else " vCPUs"), region=region,
+                              project=project)
 
 
 def fetch_outputs(job_or_base_output_dir: CustomJob | str, local_dir: str | Path) -> dict:

@@ -1,49 +1,48 @@
-"""A small fake of the Vertex AI REST surface for custom jobs, and the stand-in for Vertex's training container.
+"""A small fake of the Vertex AI REST surface for custom jobs, and the stand-in for the trainer image.
 
 The real google-cloud-aiplatform SDK talks to it over HTTP on a free loopback port:
 
-    fake = FakeVertex(container_python=...)        # or the fixtures below
+    fake = FakeVertex(run_jobs=True)
+    fake.register_image("us-central1-docker.pkg.dev/p/nli/trainer:0.1.0", python)   # the image's stand-in
     aiplatform.init(project="p", location="us-central1", api_endpoint=fake.endpoint, api_transport="rest",
                     staging_bucket="gs://bucket", credentials=AnonymousCredentials())
 
 It serves create / get / list / cancel of `projects/*/locations/*/customJobs` (and of `hyperparameterTuningJobs`,
-whose trials run as child custom jobs: tests/fake_vertex_tuning.py), parses every request body into
-the SDK's own `aiplatform_v1.CustomJob` proto (so a field Vertex would not know is a 400, as on Vertex), and
-records every request (`fake.requests`; unknown routes in `fake.unknown_requests`) for assertions. Enums arrive
-as integers and int64 as strings (the SDK asks for `$alt=json;enum-encoding=int`).
+whose trials run as child custom jobs: tests/fake_vertex_tuning.py), parses every request body into the SDK's own
+`aiplatform_v1.CustomJob` proto (so a field Vertex would not know is a 400, as on Vertex), and records every
+request (`fake.requests`; unknown routes in `fake.unknown_requests`) for assertions. Enums arrive as integers and
+int64 as strings (the SDK asks for `$alt=json;enum-encoding=int`).
 
-With `container_python` (a venv holding only torch, as Vertex's prebuilt PyTorch image does) it RUNS the job's
-training replicas as local processes: a python-package pool downloads the staged sdist from Cloud Storage (the
-emulator), pip-installs it as Vertex does, and runs `python -m <module> <args>`; a container pool runs an image
-registered with `fake.register_image(uri, python)`: its ENTRYPOINT `python -m nli_helpers.task`, or the spec's
-`command` (e.g. `python -m nli_helpers.launch`). Every replica of workerpool0 (chief) and workerpool1 (workers)
-runs, each with the variables Vertex sets: CLUSTER_SPEC (every replica's 127.0.0.1:PORT, its own task type and
+With `run_jobs` it RUNS each job's training replicas as local processes, following the rules of
+tests/fake_vertex_runner.py, each of which cites the Vertex AI page it models: the quota queue, the images a
+python package may name, how pip treats the image's torch, success, preemption (`fake.preempt`), restarts after
+non-zero exits, and `restart_job_on_worker_restart`. Every replica of workerpool0 (chief) and workerpool1
+(workers) gets the variables Vertex sets: CLUSTER_SPEC (every replica's 127.0.0.1:PORT, its own task type and
 index), node-level RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as the prebuilt PyTorch images set them, and
 AIP_MODEL_DIR / AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really
-trains over torchrun across "nodes" on this machine (gloo on the CPU). The job goes PENDING -> RUNNING ->
-SUCCEEDED, or FAILED as soon as one replica fails (the others are stopped). Without it, jobs stay PENDING (queued)
-until cancelled.
+trains over torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING.
 
-Differences from Vertex, on purpose: pools from workerpool2 on (Reduction Server: Google's image, which only
-serves NCCL between GPUs) are accepted and reported in the job log but not started; all replicas share one
-container venv and one pip install; pip installs under constraints.txt (the build machines are offline but for
-PyPI, and this keeps the run reproducible); machine specs are recorded, not honoured (everything runs on the CPU).
+The trainer image's stand-in (`trainer_image_stand_in`) is what docker/Dockerfile builds, on this machine's
+Python 3.11 (the Dockerfile's base is python:3.11): a venv with the torch constraints.txt pins (a CPU build here,
+CUDA 12.8 in the image) and the sdist with its [smoke] extra under constraints.txt. It is cached by the sdist's
+content, so it is built once and reused until the package changes.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,13 +53,14 @@ import pytest
 from google.cloud.aiplatform_v1.types import CustomJob, JobState
 
 from nli_helpers import packaging
+from tests import fake_vertex_runner as runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints.txt"
-JOB_TIMEOUT_S = 900
+JOB_TIMEOUT_S = runner.JOB_TIMEOUT_S
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
-_TERMINAL = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED}
+_TERMINAL = runner.TERMINAL
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data.
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME")
 
@@ -78,8 +78,18 @@ class FakeJob:
     proto: CustomJob
     request_body: dict
     log: str = ""
-    processes: list[subprocess.Popen] = field(default_factory=list)
+    replicas: dict[str, runner.Replica] = field(default_factory=dict)
+    preemptions: int = 0
+    cancel_requested: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)  # replicas are running
     done: threading.Event = field(default_factory=threading.Event)
+
+    def note(self, text: str) -> None:
+        self.log += f"[fake] {text}\n"
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [r.process for r in self.replicas.values() if r.process is not None]
 
     def running(self) -> list[subprocess.Popen]:
         return [p for p in self.processes if p.poll() is None]
@@ -88,11 +98,11 @@ class FakeJob:
 class FakeVertex:
     """A threaded HTTP server answering the customJobs REST calls; `endpoint` is what aiplatform.init takes."""
 
-    def __init__(self, container_python: Path | None = None, *, run_jobs: bool | None = None,
-                 constraints: Path = CONSTRAINTS):
-        self.container_python = container_python
-        self.run_jobs = container_python is not None if run_jobs is None else run_jobs
-        self.constraints = constraints
+    def __init__(self, *, run_jobs: bool = False, gpu_quota: dict[str, int] | None = None,
+                 grace_s: float = runner.SPOT_GRACE_S):
+        self.run_jobs = run_jobs
+        self.quota = runner.Quota(gpu_quota)
+        self.grace_s = grace_s
         self.requests: list[Request] = []
         self.unknown_requests: list[Request] = []
         self.jobs: dict[str, FakeJob] = {}
@@ -113,8 +123,22 @@ class FakeVertex:
         return [r.body for r in self.requests if r.method == "POST" and _COLLECTION.match(r.path)]
 
     def register_image(self, image_uri: str, python: Path) -> None:
-        """Let container jobs with this image run `python -m nli_helpers.task` with this interpreter."""
+        """Let container jobs with this image run its ENTRYPOINT (or the spec's command) with this interpreter."""
         self.images[image_uri] = python
+
+    def set_quota(self, accelerator_type: str, count: int) -> None:
+        """Change the project's GPU quota (rule 1): queued jobs that now fit start."""
+        self.quota.set(accelerator_type, count)
+
+    def preempt(self, name: str, replica: str = "workerpool0-0", *, hard: bool = False,
+                grace_s: float | None = None) -> None:
+        """A maintenance event or Spot preemption of the VM under `replica` (rule 5)."""
+        runner.preempt(self.jobs[name].replicas[replica], hard=hard, grace_s=self.grace_s if grace_s is None else grace_s)
+
+    def replica_log(self, name: str, replica: str = "workerpool0-0") -> str:
+        """What the replica's current attempt has printed so far."""
+        found = self.jobs[name].replicas.get(replica)
+        return found.log_text() if found else ""
 
     def wait(self, name: str, timeout: float = JOB_TIMEOUT_S) -> CustomJob:
         job = self.jobs[name]
@@ -124,8 +148,11 @@ class FakeVertex:
 
     def close(self) -> None:
         for job in self.jobs.values():
-            for process in job.running():
-                process.kill()
+            job.cancel_requested.set()
+            for replica in job.replicas.values():
+                replica.kill_all()
+        with self.quota.changed:
+            self.quota.changed.notify_all()
         self._server.shutdown()
         self._server.server_close()
 
@@ -141,10 +168,13 @@ class FakeVertex:
             return self._create(collection.group(1), body or {})
         if collection and method == "GET":
             prefix = collection.group(1) + "/"
-            return 200, {"customJobs": [self._json(j.proto, query) for n, j in self.jobs.items() if n.startswith(prefix)]}
+            with self._lock:
+                return 200, {"customJobs": [self._json(j.proto, query) for n, j in self.jobs.items()
+                                            if n.startswith(prefix)]}
         if job and job.group(1) in self.jobs:
             if method == "GET" and not job.group(2):
-                return 200, self._json(self.jobs[job.group(1)].proto, query)
+                with self._lock:
+                    return 200, self._json(self.jobs[job.group(1)].proto, query)
             if method == "POST" and job.group(2):
                 return self._cancel(self.jobs[job.group(1)])
         if job:
@@ -157,12 +187,11 @@ class FakeVertex:
             proto = CustomJob.from_json(json.dumps(body))  # unknown fields raise, as on Vertex
         except Exception as err:  # noqa: BLE001 - the parser's message is the 400's message
             return _error(400, "INVALID_ARGUMENT", f"invalid CustomJob: {err}")
-        problem = _server_side_problem(proto)
+        problem = server_side_problem(proto)
         if problem:
             return _error(400, "INVALID_ARGUMENT", problem)
-        now = dt.datetime.now(dt.timezone.utc)
         proto.name = f"{parent}/customJobs/{next(self._ids)}"
-        proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, now, now
+        proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, runner.now(), runner.now()
         job = self.jobs[proto.name] = FakeJob(proto, body)
         if self.run_jobs:
             threading.Thread(target=self._run, args=(job,), daemon=True).start()
@@ -172,12 +201,13 @@ class FakeVertex:
         with self._lock:
             if job.proto.state in _TERMINAL:
                 return _error(400, "FAILED_PRECONDITION", f"{job.proto.name} has already ended")
-            if not job.processes:
+            job.cancel_requested.set()
+            if not job.started.is_set():
                 self._finish(job, JobState.JOB_STATE_CANCELLED, "cancelled by the user")
             else:
                 job.proto.state = JobState.JOB_STATE_CANCELLING
-                for process in job.running():
-                    process.terminate()
+        with self.quota.changed:
+            self.quota.changed.notify_all()
         return 200, {}
 
     @staticmethod
@@ -185,89 +215,98 @@ class FakeVertex:
         ints = "enum-encoding=int" in ";".join(query.get("$alt", []))
         return json.loads(CustomJob.to_json(proto, use_integers_for_enums=ints))
 
-    # -- running the training replicas ---------------------------------------------------------------------
+    # -- running a job --------------------------------------------------------------------------------------
     def _run(self, job: FakeJob) -> None:
-        with self._lock:
-            if job.proto.state != JobState.JOB_STATE_PENDING:
+        """Queue, prepare and supervise the job to its end (rules 1-7); used for trials too."""
+        need = runner.gpus_needed(job.proto)
+        with self.quota.changed:
+            while not self.quota.fits(need) and not job.cancel_requested.is_set():
+                if job.proto.state == JobState.JOB_STATE_PENDING:
+                    job.proto.state = JobState.JOB_STATE_QUEUED  # rule 1
+                    job.note(f"queued: the job needs {dict(need)} GPUs, the quota leaves "
+                             f"{ {g: self.quota.limits.get(g, 0) - self.quota.in_use[g] for g in need} }")
+                self.quota.changed.wait(0.5)
+            if job.cancel_requested.is_set():
                 return
-            job.proto.state, job.proto.start_time = JobState.JOB_STATE_RUNNING, dt.datetime.now(dt.timezone.utc)
+            self.quota.in_use += need
         workdir = Path(tempfile.mkdtemp(prefix="fake-vertex-job-"))
         try:
-            code, message = self._run_replicas(job, workdir)
+            state, message = self._prepare_and_supervise(job, workdir)
         except Exception as err:  # noqa: BLE001 - whatever breaks, the job must end FAILED with the reason
-            code, message = 1, f"{type(err).__name__}: {err}"
+            state, message = JobState.JOB_STATE_FAILED, f"{type(err).__name__}: {err}"
         finally:
+            self.quota.release(need)
+            for replica in job.replicas.values():
+                replica.kill_all()
+                for attempt in range(1, replica.attempt + 1):
+                    label = replica.name if attempt == 1 else f"{replica.name} attempt {attempt}"
+                    job.log += "".join(f"[{label}] {line}" for line in
+                                       replica.log_text(attempt).splitlines(keepends=True))
             shutil.rmtree(workdir, ignore_errors=True)
         with self._lock:
-            if job.proto.state == JobState.JOB_STATE_CANCELLED:  # cancelled before its processes started
-                return
-            if job.proto.state == JobState.JOB_STATE_CANCELLING:
-                self._finish(job, JobState.JOB_STATE_CANCELLED, "cancelled by the user")
-            elif code == 0:
-                self._finish(job, JobState.JOB_STATE_SUCCEEDED)
-            else:
-                self._finish(job, JobState.JOB_STATE_FAILED, message)
+            self._finish(job, state, message)
 
-    def _run_replicas(self, job: FakeJob, workdir: Path) -> tuple[int, str]:
+    def _prepare_and_supervise(self, job: FakeJob, workdir: Path) -> tuple[JobState, str]:
         pools = job.proto.job_spec.worker_pool_specs
         for i, pool in enumerate(pools[2:], start=2):
             image = pool.container_spec.image_uri or pool.python_package_spec.executor_image_uri
-            job.log += (f"[fake] workerpool{i}: {pool.replica_count} replica(s) of {image} accepted, not started "
-                        "(Reduction Server serves NCCL between GPUs; the local replicas use gloo)\n")
-        commands, env_lists, installed = {}, {}, set()
-        for i, pool in enumerate(pools[:2]):
-            if pool.replica_count:
-                found = self._command(job, pool, workdir, installed)
-                if isinstance(found, str):
-                    return 1, found
-                commands[i], env_lists[i] = found
+            job.note(f"workerpool{i}: {pool.replica_count} replica(s) of {image} accepted, not started (Reduction "
+                     "Server serves NCCL between GPUs; the local replicas use gloo)")
         hosts = {name: f"127.0.0.1:{free_port()}" for name in replica_names(job.proto)}
-        replicas = [(i, index) for i in commands for index in range(pools[i].replica_count)]
-        logs = []
-        with self._lock:
-            if job.proto.state != JobState.JOB_STATE_RUNNING:  # cancelled while installing
-                return 1, "cancelled"
-            for i, index in replicas:
+        for i, pool in enumerate(pools[:2]):
+            if not pool.replica_count:
+                continue
+            found = self._command(job, pool, workdir)
+            if isinstance(found, str):
+                return JobState.JOB_STATE_FAILED, found
+            (kind, command, spec_env) = found
+            for index in range(pool.replica_count):
                 name = f"workerpool{i}-{index}"
-                (workdir / name).mkdir()
-                logs.append((name, open(workdir / name / "replica.log", "w+")))  # noqa: SIM115 - closed below
-                env = self._job_env(job, env_lists[i], name, hosts)
-                job.processes.append(subprocess.Popen(commands[i], cwd=workdir / name, env=env, stdout=logs[-1][1],
-                                                      stderr=subprocess.STDOUT, text=True))
-        failed = _wait_all(job.processes, JOB_TIMEOUT_S)
-        texts = []
-        for name, log in logs:
-            log.seek(0)
-            texts.append(log.read())
-            log.close()
-            job.log += "".join(f"[{name}] {line}" for line in texts[-1].splitlines(keepends=True))
-        if failed is None:
-            return 0, ""
-        code, tail = job.processes[failed].returncode, "\n".join(texts[failed].strip().splitlines()[-5:])
-        return code, f"The replica {logs[failed][0]} exited with a non-zero status of {code}. Last lines:\n{tail}"
+                job.replicas[name] = runner.Replica(name, kind, command, self._job_env(job, spec_env, name, hosts),
+                                                    workdir)
+        with self._lock:
+            if job.cancel_requested.is_set():
+                return JobState.JOB_STATE_CANCELLED, "cancelled by the user"
+            job.proto.state, job.proto.start_time = JobState.JOB_STATE_RUNNING, runner.now()
+        restart_all = job.proto.job_spec.scheduling.restart_job_on_worker_restart
+        replicas = list(job.replicas.values())
+        for attempt in range(1, runner.MAX_JOB_RETRIES + 2):
+            job.started.set()
+            outcome, message = runner.supervise(job, replicas, restart_whole_job=restart_all, grace_s=self.grace_s)
+            if outcome != runner.Outcome.RETRY_JOB or attempt > runner.MAX_JOB_RETRIES:
+                break
+            job.note(f"{message}: retrying the whole job ({attempt} of {runner.MAX_JOB_RETRIES})")
+            for replica in replicas:
+                replica.restarts = 0
+        states = {runner.Outcome.SUCCEEDED: JobState.JOB_STATE_SUCCEEDED,
+                  runner.Outcome.CANCELLED: JobState.JOB_STATE_CANCELLED}
+        return states.get(outcome, JobState.JOB_STATE_FAILED), message
 
-    def _command(self, job: FakeJob, pool, workdir: Path, installed: set[str]) -> tuple[list[str], list[dict]] | str:
-        """The command one replica of this pool runs, and the pool's env; or why it cannot run."""
+    def _command(self, job: FakeJob, pool, workdir: Path) -> tuple[str, list[str], list[dict]] | str:
+        """(kind, the command one replica of this pool runs, the pool's env), or why it cannot run."""
         if "python_package_spec" in pool:
             spec = pool.python_package_spec
-            python = self.container_python
-            if python is None:
-                return "this fake has no container venv to run python packages in"
-            for uri in set(spec.package_uris) - installed:  # every replica shares the one container venv
-                job.log += f"[fake] pip install {uri}\n"
-                self._pip_install(job, self._download(uri, workdir))
-                installed.add(uri)
-            command = [str(python), "-m", spec.python_module, *spec.args]
-        elif pool.container_spec.image_uri in self.images:
-            spec = pool.container_spec
-            python = self.images[spec.image_uri]
-            entry = list(spec.command) or ["python", "-m", "nli_helpers.task"]
-            if entry[0] not in ("python", "python3"):
-                return f"the fake runs only `python ...` commands in {spec.image_uri}, not {entry}"
-            command = [str(python), *entry[1:], *spec.args]
-        else:
-            return f"cannot pull image {pool.container_spec.image_uri}: not registered with the fake"
-        return command, [{"name": e.name, "value": e.value} for e in spec.env]
+            torch_version, python_version = runner.published_image(spec.executor_image_uri)  # checked on create
+            for uri in spec.package_uris:
+                sdist = self._download(uri, workdir)
+                keeps, wanted = runner.pip_keeps_torch(sdist, torch_version)
+                job.note(f"pip install {uri} on {spec.executor_image_uri} (torch {torch_version}, Python "
+                         f"{python_version}): the package asks for {wanted}")
+                if not keeps:
+                    return (f"installing {uri.rsplit('/', 1)[-1]}: pip would replace the image's torch {torch_version} "
+                            f"with the newest torch on PyPI that satisfies {wanted}, a CUDA build of several GB "
+                            "that is not the image's CUDA, on every replica at every start (the fake stops here; "
+                            "preflight refuses this image before anything is created)")
+            return (f"the fake has no environment with torch {torch_version} and Python {python_version} to run "
+                    f"{spec.executor_image_uri} in")
+        spec = pool.container_spec
+        if spec.image_uri not in self.images:
+            return f"cannot pull image {spec.image_uri}: not registered with the fake (nothing pushed there)"
+        entry = list(spec.command) or runner.DEFAULT_ENTRYPOINT
+        if entry[0] not in ("python", "python3"):
+            return f"the fake runs only `python ...` commands in {spec.image_uri}, not {entry}"
+        command = [str(self.images[spec.image_uri]), *entry[1:], *spec.args]
+        return "container_spec", command, [{"name": e.name, "value": e.value} for e in spec.env]
 
     @staticmethod
     def _download(uri: str, workdir: Path) -> Path:
@@ -275,32 +314,45 @@ class FakeVertex:
 
         return storage.download(uri, workdir / uri.rsplit("/", 1)[-1])
 
-    def _pip_install(self, job: FakeJob, package: Path) -> None:
-        # As Vertex does: install the staged package (no extras) into the container's Python.
-        with VENV_LOCK:
-            report = packaging.install_sdist(self.container_python, package, constraints=self.constraints)
-        job.log += f"[fake] {report}\n[fake] Successfully installed {' '.join(report.installed)}\n"
-
     def _job_env(self, job: FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str]) -> dict[str, str]:
         base = job.proto.job_spec.base_output_directory.output_uri_prefix.rstrip("/")
         env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=job.proto.name.split("/")[1], HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   OMP_NUM_THREADS="1")  # several replicas share this machine's few cores
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # several replicas share this machine's few cores
         env.update(vertex_env(job.proto, replica, hosts))
         env.update({e["name"]: e["value"] for e in spec_env})
         return env
 
     def _finish(self, job: FakeJob, state: JobState, message: str = "") -> None:
-        now = dt.datetime.now(dt.timezone.utc)
-        job.proto.state, job.proto.end_time, job.proto.update_time = state, now, now
+        if job.proto.state in _TERMINAL:
+            return
+        job.proto.state, job.proto.end_time, job.proto.update_time = state, runner.now(), runner.now()
         if message and state != JobState.JOB_STATE_SUCCEEDED:
             job.proto.error = {"code": 1 if state == JobState.JOB_STATE_CANCELLED else 3, "message": message}
         job.done.set()
 
 
-# -- what Vertex tells each replica about the cluster ---------------------------------------------------------------
+# -- what Vertex checks on create, and tells each replica about the cluster ----------------------------------------
+def server_side_problem(proto: CustomJob) -> str | None:
+    """The rules Vertex checks on create that the SDK does not."""
+    pools = proto.job_spec.worker_pool_specs
+    if not pools:
+        return "job_spec.worker_pool_specs must not be empty"
+    if pools[0].replica_count != 1:
+        return "the first worker pool (the chief) must have replica_count 1"
+    if not proto.job_spec.base_output_directory.output_uri_prefix.startswith("gs://"):
+        return "base_output_directory must be a gs:// URI"
+    for i, pool in enumerate(pools):
+        image = pool.python_package_spec.executor_image_uri if "python_package_spec" in pool else None
+        if image is not None and runner.published_image(image) is None:  # rule 2
+            return (f"workerpool{i}: executor_image_uri {image} is not a prebuilt training image with the :latest "
+                    "tag (PythonPackageSpec: \"You must use an image from this list\")")
+    bad = [k for k in proto.labels if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)]
+    return f"invalid label keys: {bad}" if bad else None
+
+
 def replica_names(proto: CustomJob) -> list[str]:
     """Every replica of the job, as Vertex names them: workerpool0-0, workerpool1-0, workerpool1-1, ..."""
     return [f"workerpool{i}-{index}" for i, pool in enumerate(proto.job_spec.worker_pool_specs)
@@ -335,39 +387,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_all(processes: list[subprocess.Popen], timeout: float) -> int | None:
-    """Wait for every process; on the first failure stop the others (they would wait for it at the rendezvous).
-    Returns the index of the failed process, or None when all exited 0."""
-    deadline = time.monotonic() + timeout
-    while True:
-        codes = [p.poll() for p in processes]
-        failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
-        if failed is None and time.monotonic() > deadline:
-            failed = next(i for i, c in enumerate(codes) if c is None)
-        if failed is not None:
-            for p in processes:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            return failed
-        if all(c == 0 for c in codes):
-            return None
-        time.sleep(0.2)
-
-
-def _server_side_problem(proto: CustomJob) -> str | None:
-    """The few rules Vertex checks on create that the SDK does not."""
-    pools = proto.job_spec.worker_pool_specs
-    if not pools:
-        return "job_spec.worker_pool_specs must not be empty"
-    if pools[0].replica_count != 1:
-        return "the first worker pool (the chief) must have replica_count 1"
-    if not proto.job_spec.base_output_directory.output_uri_prefix.startswith("gs://"):
-        return "base_output_directory must be a gs:// URI"
-    bad = [k for k in proto.labels if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)]
-    return f"invalid label keys: {bad}" if bad else None
-
-
 def _error(code: int, status: str, message: str) -> tuple[int, dict]:
     return code, {"error": {"code": code, "message": message, "status": status}}
 
@@ -394,54 +413,67 @@ def _handler_for(fake: FakeVertex) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-# -- the "prebuilt container": a venv holding only torch, made once per session -------------------------------------
-VENV_LOCK = threading.Lock()
+# -- the trainer image's stand-in: docker/Dockerfile's packages in a venv, cached by the sdist's content ------------
+VENV_LOCK = threading.RLock()
 _SESSION_CACHE: dict[str, Path] = {}
 
 
-def make_container_venv(path: Path) -> Path:
-    """A fresh venv with only the pinned torch, as Vertex's prebuilt PyTorch image has; returns its python."""
-    return packaging.make_container_venv(path, constraints=CONSTRAINTS)
+def cache_root() -> Path:
+    return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
-def session_container_python(folder: Callable[[], Path]) -> Path:
-    """The one container venv of this pytest process (made in `folder()` the first time), shared by the packaging
-    and Vertex tests and by the notebooks' conftest."""
-    with VENV_LOCK:  # module-level cache: one venv even if several test modules import this fixture
-        if "python" not in _SESSION_CACHE:
-            _SESSION_CACHE["python"] = make_container_venv(folder() / "venv")
-    return _SESSION_CACHE["python"]
+def sdist_digest(sdist: Path, *extra: bytes) -> str:
+    """A hash of the sdist's files (names and bytes, not their timestamps) and of `extra`."""
+    digest = hashlib.sha256()
+    with tarfile.open(sdist) as tar:
+        for member in sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name):
+            digest.update(member.name.split("/", 1)[-1].encode() + b"\0" + tar.extractfile(member).read())
+    for part in extra:
+        digest.update(part)
+    return digest.hexdigest()[:16]
 
 
-@pytest.fixture(scope="session")
-def container_python(tmp_path_factory) -> Path:
-    """The session's stand-in for the prebuilt container (shared by the packaging and Vertex tests)."""
-    return session_container_python(lambda: tmp_path_factory.mktemp("container"))
+def trainer_image_stand_in(sdist: Path) -> Path:
+    """The python of a venv built as docker/Dockerfile builds the image (torch pin, then `.[smoke]` under
+    constraints.txt), from this sdist; reused while the sdist's content and the constraints stay the same."""
+    key = sdist_digest(sdist, CONSTRAINTS.read_bytes(), sys.version.encode())
+    folder = cache_root() / "trainer-image" / key
+    with VENV_LOCK:
+        if not (folder / ".complete").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            python = packaging.make_container_venv(folder / "venv", constraints=CONSTRAINTS)
+            packaging.install_sdist(python, sdist, extras="smoke", constraints=CONSTRAINTS)
+            (folder / ".complete").write_text(str(sdist.name) + "\n")
+    return folder / "venv" / "bin" / "python"
+
+
+def session_sdist(folder: Callable[[], Path]) -> Path:
+    """The project's sdist, built once per process (in `folder()`) with nli_helpers.vertex.build_sdist."""
+    from nli_helpers.vertex import build_sdist
+
+    with VENV_LOCK:
+        if "sdist" not in _SESSION_CACHE:
+            _SESSION_CACHE["sdist"] = build_sdist(folder())
+    return _SESSION_CACHE["sdist"]
 
 
 @pytest.fixture(scope="session")
 def sdist_path(tmp_path_factory) -> Path:
     """The project's sdist, built once per session with nli_helpers.vertex.build_sdist."""
-    from nli_helpers.vertex import build_sdist
+    return session_sdist(lambda: tmp_path_factory.mktemp("dist"))
 
-    with VENV_LOCK:
-        if "sdist" not in _SESSION_CACHE:
-            _SESSION_CACHE["sdist"] = build_sdist(tmp_path_factory.mktemp("dist"))
-    return _SESSION_CACHE["sdist"]
+
+@pytest.fixture(scope="session")
+def trainer_image_python(sdist_path) -> Path:
+    """The stand-in of the image docker/Dockerfile builds (see `trainer_image_stand_in`)."""
+    return trainer_image_stand_in(sdist_path)
 
 
 @pytest.fixture
 def fake_vertex(gcs_emulator) -> Iterator[FakeVertex]:
-    """A fake that accepts jobs and keeps them queued (no training runs)."""
+    """A fake that accepts jobs and keeps them pending (no training runs)."""
     fake = FakeVertex()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def fake_vertex_runner(gcs_emulator, container_python) -> Iterator[FakeVertex]:
-    """A fake that runs each job's chief replica in the container venv."""
-    fake = FakeVertex(container_python=container_python)
     yield fake
     fake.close()
 
@@ -461,37 +493,37 @@ def make_fake_vertex(gcs_emulator) -> Iterator[Callable[..., FakeVertex]]:
 
 
 @pytest.fixture
-def trainer_image_python(container_python, sdist_path) -> Path:
-    """The container venv with the package installed as docker/Dockerfile installs it: a custom image stand-in."""
-    install_package(container_python, sdist_path, "smoke")
-    return container_python
+def fake_vertex_runner(make_fake_vertex, trainer_image_python) -> FakeVertex:
+    """A fake that runs jobs, with the trainer image registered under TRAINER_IMAGE."""
+    fake = make_fake_vertex(run_jobs=True)
+    fake.register_image(TRAINER_IMAGE, trainer_image_python)
+    return fake
 
 
-def install_package(python: Path, sdist: Path, extras: str = "") -> None:
-    """pip install the sdist (with extras) under constraints.txt into the container venv."""
-    with VENV_LOCK:
-        packaging.install_sdist(python, sdist, extras=extras, constraints=CONSTRAINTS)
+TRAINER_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:test"
 
 
 # -- the whole local cloud, for notebooks: emulator + fake + the environment that points at them ------------------
 class LocalCloud:
     """The Cloud Storage emulator and a job-running Vertex fake, with the environment variables pointing at them.
 
-    What notebook 04 reads: STORAGE_EMULATOR_HOST (nli_helpers.storage), NLI_VERTEX_API_ENDPOINT
-    (vertex.init_vertex), GOOGLE_CLOUD_PROJECT and NLI_STAGING_BUCKET. Used by notebooks/conftest.py under nbval,
-    and from a shell for papermill:
+    What notebooks 04 and 05 read: STORAGE_EMULATOR_HOST (nli_helpers.storage), NLI_VERTEX_API_ENDPOINT
+    (vertex.init_vertex), GOOGLE_CLOUD_PROJECT and NLI_STAGING_BUCKET. The trainer image the notebooks use by
+    default (vertex.trainer_image_uri(project, region) for us-central1) is registered, backed by its stand-in.
+    Used by notebooks/conftest.py under nbval, and from a shell for papermill:
 
         python -m tests.fake_vertex -- papermill notebooks/04_submit_vertex.ipynb runs/04.ipynb -f notebooks/params/smoke.yaml
     """
 
     project = "nli-notebooks-ci"
     bucket = "nli-notebooks-ci-staging"
+    region = "us-central1"
 
     def __init__(self) -> None:
         import logging
 
         from nli_helpers.storage import get_client
-        from nli_helpers.vertex import API_ENDPOINT_ENV
+        from nli_helpers.vertex import API_ENDPOINT_ENV, trainer_image_uri
         from tests.gcs_emulator import EMULATOR_ENV, GcsEmulator, _start_on_free_port
 
         logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)  # a warning per JSON response
@@ -499,7 +531,9 @@ class LocalCloud:
         server, port = _start_on_free_port()
         self.emulator = GcsEmulator(host=f"http://127.0.0.1:{port}", server=server)
         self.emulator.make_bucket(self.bucket)
-        self.fake = FakeVertex(container_python=session_container_python(lambda: self.tmp))
+        self.fake = FakeVertex(run_jobs=True)
+        self.image_uri = trainer_image_uri(self.project, self.region)
+        self.fake.register_image(self.image_uri, trainer_image_stand_in(session_sdist(lambda: self.tmp / "dist")))
         self.env = {**EMULATOR_ENV, "STORAGE_EMULATOR_HOST": self.emulator.host, API_ENDPOINT_ENV: self.fake.endpoint,
                     "GOOGLE_CLOUD_PROJECT": self.project, "NLI_STAGING_BUCKET": f"gs://{self.bucket}"}
         self._saved = {name: os.environ.get(name) for name in self.env}
@@ -508,7 +542,7 @@ class LocalCloud:
         self._clear_clients()
 
     def stop(self) -> None:
-        """Stop both servers and restore the environment. The container venv is cached for the whole process."""
+        """Stop both servers and restore the environment. The image stand-in stays cached for the next run."""
         self.fake.close()
         self.emulator.server.stop()
         for name, value in self._saved.items():
@@ -526,11 +560,13 @@ def main(argv: list[str]) -> int:
         print(main.__doc__)
         return 2
     cloud = LocalCloud()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return subprocess.run(command, env=os.environ.copy()).returncode
     finally:
+        signal.signal(signal.SIGTERM, previous)
         cloud.stop()
-        shutil.rmtree(cloud.tmp, ignore_errors=True)  # the container venv made for this command
+        shutil.rmtree(cloud.tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

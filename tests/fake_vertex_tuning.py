@@ -136,7 +136,7 @@ def _server_side_problem(proto: HyperparameterTuningJob) -> str | None:
             return f"parameter {p.parameter_id}: {problem}"
     if proto.max_trial_count < 1 or proto.parallel_trial_count < 1:
         return "max_trial_count and parallel_trial_count must be positive"
-    return base._server_side_problem(CustomJob(display_name="trial", job_spec=proto.trial_job_spec))
+    return base.server_side_problem(CustomJob(display_name="trial", job_spec=proto.trial_job_spec))
 
 
 def _parameter_problem(p: StudySpec.ParameterSpec, algorithm) -> str | None:

@@ -58,3 +58,9 @@ def test_the_tested_pins_the_issue_asks_for():
 def test_pyproject_uses_ranges_not_pins_for_torch():
     torch_req = next(r for r in pyproject_requirements() if r.name == "torch")
     assert "==" not in str(torch_req.specifier), "a pinned torch would replace Vertex's CUDA build"
+
+
+def test_the_vertex_extra_installs_what_build_sdist_runs():
+    # vertex.build_sdist runs `python -m build`: a user who installed only nli-helpers[vertex] must have it.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "build" in {canonical(Requirement(r).name) for r in extras["vertex"]}

@@ -1,8 +1,9 @@
-"""The trainer's sdist, installed the way Vertex's prebuilt PyTorch container installs it, trains on the smoke profile.
+"""The trainer's sdist, installed the way docker/Dockerfile installs it into the trainer image, trains on smoke.
 
-The "container" is a fresh venv holding only the pinned torch (session fixture `container_python`, shared with
-the Vertex tests); the sdist goes in on top under constraints.txt and must leave that torch alone. The steps are
-`nli_helpers.packaging`'s, which notebook 03 shows.
+The image's stand-in (`trainer_image_python`, shared with the Vertex tests) is a venv that first held only the
+pinned torch; the sdist went in on top, with its [smoke] extra, under constraints.txt, and must have left that
+torch alone. It is cached by the sdist's content (tests/fake_vertex.py), so it was built from exactly this
+package. The steps are `nli_helpers.packaging`'s, which notebook 03 shows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from nli_helpers.vertex import build_sdist
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytest_plugins = ["tests.fake_vertex"]  # fixtures: container_python, sdist_path
+pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_path
 
 
 def test_sdist_holds_the_package_and_its_sample_and_nothing_else(tmp_path):
@@ -31,24 +32,24 @@ def test_sdist_holds_the_package_and_its_sample_and_nothing_else(tmp_path):
     assert not unwanted, f"the sdist should hold only the package: {unwanted}"
 
 
-def test_sdist_installs_over_the_container_torch_and_trains(container_python, sdist_path, tmp_path):
-    before = packaging.installed_version(container_python, "torch", cwd=tmp_path)
-    assert before.split("+")[0] == packaging.pinned_torch()  # the "prebuilt container" holds the pinned torch
-
-    install = packaging.install_sdist(container_python, sdist_path, extras="smoke")
-    assert any(d.startswith("nli_helpers-") or d.startswith("nli-helpers-") for d in install.installed), install
-    assert packaging.installed_version(container_python, "torch", cwd=tmp_path) == before, \
-        "installing the sdist replaced the container's torch"
-    check = packaging.run_module(container_python, "pip", ["check"], cwd=tmp_path)
+def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sdist_path, tmp_path):
+    python = trainer_image_python
+    torch_there = packaging.installed_version(python, "torch", cwd=tmp_path)
+    assert torch_there.split("+")[0] == packaging.pinned_torch(), "installing the sdist replaced the image's torch"
+    assert packaging.installed_version(python, "nli-helpers", cwd=tmp_path) == "0.1.0"
+    check = packaging.run_module(python, "pip", ["check"], cwd=tmp_path)
     assert check.returncode == 0, check.stdout
 
-    where = packaging.run_module(container_python, "nli_helpers.task", ["--help"], cwd=tmp_path)
+    where = packaging.run_module(python, "nli_helpers.task", ["--help"], cwd=tmp_path)
     assert where.returncode == 0 and "--max_train_samples" in where.stdout
-    located = packaging.run_module(container_python, "pip", ["show", "-f", "nli-helpers"], cwd=tmp_path).stdout
+    located = packaging.run_module(python, "pip", ["show", "-f", "nli-helpers"], cwd=tmp_path).stdout
     assert "site-packages" in located and str(ROOT) not in located  # the installed copy, not the checkout
 
-    cfg = make_config("smoke", max_train_samples=64, epochs=1, model_name="tiny-random", job_dir=str(tmp_path / "job"))
-    packaging.run_task(container_python, cfg, cwd=tmp_path)  # raises PackagingError with the run's stderr
+    # The image carries the smoke model (the [smoke] extra): a job on the default path trains real weights.
+    cfg = make_config("smoke", max_train_samples=64, epochs=1, job_dir=str(tmp_path / "job"))
+    assert cfg.model_name == "minilm-l6"
+    packaging.run_task(python, cfg, cwd=tmp_path)  # raises PackagingError with the run's stderr
     metrics = json.loads((tmp_path / "job" / "metrics.json").read_text())
     assert metrics["train"]["examples"] == 64
+    assert metrics["parameters"] > 20e6  # MiniLM-L6, not the tiny random model
     assert 0 <= metrics["validation_matched"]["accuracy"] <= 1

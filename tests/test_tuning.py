@@ -56,6 +56,16 @@ def test_every_problem_of_a_search_space_is_named_at_once():
     tuning.validate_search_space(SPACE)  # the default-style space is fine
 
 
+def test_repeated_discrete_or_categorical_values_are_refused_before_anything_is_sent():
+    with pytest.raises(ConfigError) as err:
+        tuning.validate_search_space({"batch_size": Discrete([16, 32, 16.0]), "precision": Categorical(["fp32", "fp32"]),
+                                      "learning_rate": Discrete([1e-4, 1e-4 + 1e-12])})
+    message = str(err.value)
+    assert "batch_size: values 16.0 repeat: Vertex AI wants distinct values, in increasing order and at least " \
+           "1e-10 apart" in message
+    assert "precision: values ['fp32'] repeat" in message and "learning_rate: values" in message
+
+
 def test_batch_sizes_must_split_into_the_accumulation_steps():
     with pytest.raises(ConfigError, match=r"batch_size: value 6: batch_size=6 must be divisible by grad_accum_steps=4"):
         tuning.validate_search_space({"batch_size": Discrete([8, 6])}, make_config("smoke", grad_accum_steps=4))

@@ -7,6 +7,7 @@ tests run the whole path: build -> stage -> submit -> run (the fake runs the chi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -20,7 +21,7 @@ from nli_helpers.task import config_from_args
 from nli_helpers.vertex import Machine
 
 # Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
-# test_packaging, as is the container venv under them).
+# test_packaging, as is the trainer image's stand-in under them).
 pytest_plugins = ["tests.fake_vertex"]
 
 PROJECT, REGION = "test-project", "us-central1"
@@ -35,13 +36,16 @@ def _init(fake, bucket: str) -> None:
 
 
 # -- job args, worker pools, tables --------------------------------------------------------------------------
-def test_job_args_rebuild_the_config_without_job_dir():
+def test_job_args_rebuild_the_config_without_job_dir_and_resume_after_a_restart():
     cfg = make_config("smoke", job_dir="gs://somewhere/else", batch_size=16, learning_rate=3e-5,
                       group_by_length=False, max_train_samples=64)
     args = vertex.job_args(cfg)
     assert not any(a.startswith(("--job_dir", "--job-dir")) for a in args)
+    assert "--resume=auto" in args  # a replica Vertex restarts runs the same command: it must continue
     rebuilt = config_from_args(args)  # what `python -m nli_helpers.task ARGS` will run with
-    assert rebuilt.to_dict() == {**cfg.to_dict(), "job_dir": None}
+    assert rebuilt.to_dict() == {**cfg.to_dict(), "job_dir": None, "resume": "auto"}
+    named = make_config("smoke", resume="gs://b/run/checkpoints/checkpoint-00000040")
+    assert "--resume=gs://b/run/checkpoints/checkpoint-00000040" in vertex.job_args(named)
 
 
 def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
@@ -77,6 +81,28 @@ def test_one_process_runs_the_trainer_itself_and_several_go_through_the_launcher
 def test_prebuilt_image_matches_the_torch_minor_version(torch_version, gpu, region, image):
     assert vertex.prebuilt_image_uri(torch_version, gpu=gpu, region=region) == image
     assert vertex.image_torch_version(image) == vertex.torch_minor(torch_version)
+
+
+def test_the_package_torch_floor_is_the_one_transformers_enforces():
+    import inspect
+
+    from transformers.utils import import_utils
+
+    source = inspect.getsource(import_utils.is_torch_available)
+    floor = re.search(r'PyTorch >= ([\d.]+) is required', source).group(1)
+    assert str(vertex.package_torch_requirement()) == f">={floor}"  # pyproject.toml's, as installed
+
+
+def test_no_prebuilt_image_can_run_the_package_and_each_says_to_use_the_container():
+    for image in vertex.PREBUILT_PYTORCH_IMAGES.values():
+        for name in (image.gpu_image, image.cpu_image):
+            problem = vertex.prebuilt_image_problem(f"us-docker.pkg.dev/vertex-ai/training/{name}:latest")
+            assert f"torch {image.torch} is outside this package's torch>=2.6" in problem
+            assert "Use the custom container instead: build docker/Dockerfile" in problem
+    old = vertex.prebuilt_image_problem(IMAGE_2_4, today="2026-07-25")
+    assert "end of availability on 2026-07-24" in old
+    assert "not a prebuilt Vertex AI training image" in vertex.prebuilt_image_problem("gcr.io/p/trainer:1")
+    assert "not a prebuilt" in vertex.prebuilt_image_problem(IMAGE_2_4.replace(":latest", ":20240701"))
 
 
 def test_no_prebuilt_image_for_the_pinned_torch_points_to_the_custom_container():
@@ -120,9 +146,33 @@ def test_cost_estimate_multiplies_the_table_prices():
     assert cpu_only.total == pytest.approx(10 * pricing.MACHINE_PRICES_PER_HOUR["n1-standard-4"])
 
 
+def test_h100_machines_are_priced_with_their_gpus_and_a_source():
+    est = vertex.estimate_cost("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, hours=2)
+    assert est.per_hour == pytest.approx(pricing.MACHINE_PRICES_PER_HOUR["a3-highgpu-8g"])  # GPUs included
+    assert "incl. 8 x NVIDIA_H100_80GB" in str(est) and pricing.A3_PRICE_SOURCE in str(est)
+    assert 80 < est.per_hour < 130  # $88.49 on Compute Engine x 1.15
+    for machine in ("a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"):
+        gpus = int(machine[-2])
+        assert pricing.accelerator_problem(machine, "NVIDIA_H100_80GB", gpus) is None
+        assert vertex.estimate_cost(machine, "NVIDIA_H100_80GB", gpus).per_hour > 0
+
+
+@pytest.mark.parametrize("machine, gpu, count, problem", [
+    ("n1-standard-16", "NVIDIA_TESLA_V100", 1, "too large for 1 x NVIDIA_TESLA_V100: use at most 12 vCPUs"),
+    ("n1-standard-16", "NVIDIA_TESLA_V100", 2, None),
+    ("n1-standard-96", "NVIDIA_TESLA_T4", 1, "or attach 4 GPUs"),
+    ("n1-highmem-32", "NVIDIA_TESLA_V100", 2, "(32 vCPUs, 208 GB) is too large"),
+    ("n1-standard-32", "NVIDIA_TESLA_P4", 1, "use at most 24 vCPUs"),
+    ("n1-standard-32", "NVIDIA_TESLA_P100", 2, None),
+])
+def test_n1_machines_must_be_small_enough_for_their_gpus(machine, gpu, count, problem):
+    found = pricing.accelerator_problem(machine, gpu, count)
+    assert found is None if problem is None else problem in found
+
+
 def test_cost_estimate_refuses_what_the_table_does_not_price():
-    with pytest.raises(pricing.PricingError, match="no price for machine type 'a3-highgpu-8g'.*cloud.google.com"):
-        vertex.estimate_cost("a3-highgpu-8g", "NVIDIA_H100_80GB", 8)
+    with pytest.raises(pricing.PricingError, match="no price for machine type 'a4-highgpu-8g'.*cloud.google.com"):
+        vertex.estimate_cost("a4-highgpu-8g", "NVIDIA_B200", 8)
     with pytest.raises(pricing.PricingError, match="no price for accelerator 'NVIDIA_TESLA_K80'"):
         vertex.estimate_cost("n1-standard-8", "NVIDIA_TESLA_K80", 1)
 
@@ -178,13 +228,17 @@ def test_preflight_fails_a_bucket_outside_the_job_region(gcs_bucket):
                          image_uri="gcr.io/p/trainer:1", verbose=False)
 
 
-def test_preflight_warns_when_the_prebuilt_image_has_another_torch(gcs_bucket, sdist_path):
-    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(),
-                              sdist=sdist_path, executor_image_uri=IMAGE_2_4, verbose=False)
-    image = next(c for c in checks if c.name == "image/torch")
-    assert image.status == "warn"
-    assert "Image torch 2.4, yours 2.13" in image.message or "you test with 2.13" in image.message
+def test_preflight_refuses_the_newest_prebuilt_image_before_anything_is_created(fake_vertex, gcs_bucket, sdist_path):
+    _init(fake_vertex, gcs_bucket)
+    with pytest.raises(vertex.PreflightError) as err:
+        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), sdist=sdist_path,
+                         executor_image_uri=IMAGE_2_4, verbose=False)
+    assert "image/torch: " + IMAGE_2_4 + " cannot run this package: its torch 2.4" in str(err.value)
+    assert "Use the custom container instead" in str(err.value)
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), sdist=sdist_path,
+                              executor_image_uri=IMAGE_2_4, verbose=False, raise_on_failure=False)
     assert next(c for c in checks if c.name == "package").status == "ok"
+    assert fake_vertex.created_bodies == []
 
 
 def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):
@@ -306,42 +360,51 @@ def test_watch_raises_with_the_error_and_logs_link_when_a_job_fails(make_fake_ve
 
 
 # -- the whole path, run by the fake ----------------------------------------------------------------------------
-def test_python_package_job_runs_from_the_staged_sdist(fake_vertex_runner, gcs_bucket, sdist_path, tmp_path, capsys):
-    _init(fake_vertex_runner, gcs_bucket)
-    cfg = make_config("smoke", **TINY_JOB)
-    machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1)
-    staging, base = f"gs://{gcs_bucket}", f"gs://{gcs_bucket}/nli-jobs/e2e"
-    checks = vertex.preflight(region=REGION, staging_bucket=staging, machine=machine, cfg=cfg, sdist=sdist_path,
-                              executor_image_uri=IMAGE_2_4)
-    assert all(c.status != "fail" for c in checks)
-    package_uri = vertex.stage_package(sdist_path, staging)
-    pools = vertex.python_package_worker_pools(cfg, machine, package_uri, executor_image_uri=IMAGE_2_4)
-    job = vertex.submit_custom_job(pools, base_output_dir=base, display_name="nli-e2e")
+def test_the_fake_refuses_an_image_vertex_does_not_publish(fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    pools = vertex.python_package_worker_pools(make_config("smoke", **TINY_JOB), Machine(), "gs://b/p.tar.gz",
+                                               executor_image_uri="us-central1-docker.pkg.dev/p/r/my-image:1")
+    with pytest.raises(vertex.VertexError, match=r"refused the job \(400\).*not a prebuilt training image"):
+        vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/unpublished")
 
+
+def test_a_python_package_job_on_the_newest_prebuilt_image_fails_where_pip_would_replace_torch(
+        make_fake_vertex, gcs_bucket, sdist_path):
+    # What preflight prevents, submitted anyway: the fake reads the staged sdist's own ranges against the image.
+    fake = make_fake_vertex(run_jobs=True)
+    _init(fake, gcs_bucket)
+    package_uri = vertex.stage_package(sdist_path, f"gs://{gcs_bucket}")
+    pools = vertex.python_package_worker_pools(make_config("smoke", **TINY_JOB), Machine(), package_uri,
+                                               executor_image_uri=IMAGE_2_4)
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/nli-jobs/prebuilt")
+    with pytest.raises(vertex.JobFailedError, match=r"pip would replace the image's torch 2\.4\.1 with the newest "
+                                                    r"torch on PyPI that satisfies torch>=2\.6"):
+        vertex.watch_job(job, poll_s=0.2, timeout_s=120, progress=False)
+    assert "the package asks for torch>=2.6" in fake.jobs[job.resource_name].log
+
+
+def test_a_container_job_trains_the_smoke_model_the_image_carries(fake_vertex_runner, gcs_bucket, tmp_path, capsys):
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    _init(fake_vertex_runner, gcs_bucket)
+    cfg = make_config("smoke", data="sample", max_train_samples=64, max_eval_samples=64, epochs=1)
+    base = f"gs://{gcs_bucket}/nli-jobs/container"
+    vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), cfg=cfg,
+                     image_uri=TRAINER_IMAGE)
+    job = vertex.submit_custom_job(vertex.container_worker_pools(cfg, Machine(), TRAINER_IMAGE), base_output_dir=base,
+                                   display_name="nli-e2e")
     assert vertex.watch_job(job, poll_s=0.5, timeout_s=900) == "JOB_STATE_SUCCEEDED"
     shown = capsys.readouterr()
     assert "nli-e2e: JOB_STATE_RUNNING" in shown.err + shown.out and "nli-e2e: JOB_STATE_SUCCEEDED" in shown.err + shown.out
-    run_log = fake_vertex_runner.jobs[job.resource_name].log
-    assert "Successfully installed" in run_log and "nli-helpers" in run_log  # pip installed the staged sdist
     assert not fake_vertex_runner.unknown_requests  # the SDK used only create and get
 
     # The trainer wrote to AIP_MODEL_DIR (base/model/), since the args carry no --job-dir.
     written = storage.list_uris(f"{base}/model")
     assert f"{base}/model/metrics.json" in written and f"{base}/model/model.safetensors" in written
     metrics = vertex.fetch_outputs(job, tmp_path / "outputs")
-    assert metrics["train"]["examples"] == 64
-    assert 0 <= metrics["validation_matched"]["accuracy"] <= 1
-    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["model_name"] == "tiny-random"
-    assert (tmp_path / "outputs" / "config.json").is_file()
-
-
-def test_custom_container_job_runs_the_image_entrypoint(fake_vertex_runner, gcs_bucket, trainer_image_python, tmp_path):
-    image = "us-central1-docker.pkg.dev/test-project/nli/trainer:1"
-    fake_vertex_runner.register_image(image, trainer_image_python)
-    _init(fake_vertex_runner, gcs_bucket)
-    base = f"gs://{gcs_bucket}/nli-jobs/container"
-    job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke", **TINY_JOB), Machine(), image),
-                                   base_output_dir=base)
-    vertex.watch_job(job, poll_s=0.5, timeout_s=900, progress=False)
-    metrics = vertex.fetch_outputs(base, tmp_path / "out")
-    assert metrics["train"]["examples"] == 64 and (tmp_path / "out" / "model.safetensors").is_file()
+    assert metrics["train"]["examples"] == 64 and metrics["parameters"] > 20e6  # MiniLM, from the image
+    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["model_name"] == "minilm-l6"
+    # What Cloud Logging would show: plain lines, one per log interval, no carriage-return bar.
+    log = fake_vertex_runner.jobs[job.resource_name].log
+    assert "\r" not in log and re.search(r"\[workerpool0-0\] step \d+/\d+ epoch [\d.]+ loss [\d.]+ lr", log), log[-2000:]
+    assert "[workerpool0-0] eval step" in log

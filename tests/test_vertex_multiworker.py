@@ -8,6 +8,7 @@ strings); the CLUSTER_SPEC of each replica is built from the job the fake stored
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from google.cloud.aiplatform_v1.types import AcceleratorType
@@ -17,7 +18,7 @@ from nli_helpers.config import make_config
 from nli_helpers.distributed import cluster_layout, torchrun_command
 from nli_helpers.vertex import Machine, ReductionServer
 
-# Fixtures: fake_vertex, fake_vertex_runner, sdist_path. Its helpers are imported inside the tests, after pytest
+# Fixtures: fake_vertex, fake_vertex_runner. Its helpers are imported inside the tests, after pytest
 # has loaded it as a plugin (importing it here first would keep pytest from rewriting its asserts).
 pytest_plugins = ["tests.fake_vertex"]
 
@@ -156,24 +157,26 @@ def test_launcher_reads_the_cluster_spec_from_the_environment(fake_vertex, gcs_b
     (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=2), ReductionServer(1, "a2-highgpu-1g"), "fail",
      "reducers run on CPU machines without GPUs"),
 ])
-def test_preflight_checks_the_reduction_server(gcs_bucket, sdist_path, machine, server, status, message):
-    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, sdist=sdist_path,
-                              executor_image_uri=IMAGE_2_4, reduction_server=server, raise_on_failure=False,
-                              verbose=False)
+def test_preflight_checks_the_reduction_server(gcs_bucket, machine, server, status, message):
+    image = "us-central1-docker.pkg.dev/p/nli/trainer:1"
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, image_uri=image,
+                              reduction_server=server, raise_on_failure=False, verbose=False)
     check = next(c for c in checks if c.name == "reduction server")
     assert check.status == status and message in check.message, check
     if status == "fail":
         with pytest.raises(vertex.PreflightError, match="nothing was submitted"):
-            vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, sdist=sdist_path,
-                             executor_image_uri=IMAGE_2_4, reduction_server=server, verbose=False)
+            vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, image_uri=image,
+                             reduction_server=server, verbose=False)
 
 
-def test_preflight_warns_that_a_custom_image_needs_the_reduction_server_plugin(gcs_bucket):
+def test_the_reduction_server_needs_its_nccl_plugin_in_the_image_and_the_dockerfile_installs_it(gcs_bucket):
     checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri="gcr.io/p/t:1",
                               machine=Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=2),
                               reduction_server=ReductionServer(), verbose=False)
     check = next(c for c in checks if c.name == "reduction server")
-    assert check.status == "warn" and "google-reduction-server" in check.message
+    assert "google-reduction-server package): docker/Dockerfile installs it" in check.message
+    dockerfile = (Path(__file__).resolve().parents[1] / "docker" / "Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends google-reduction-server" in dockerfile
 
 
 def test_job_cost_adds_up_every_pool():
@@ -200,21 +203,21 @@ def test_the_default_reducer_machine_is_priced():
 
 
 # -- the whole path: two training nodes run by the fake ----------------------------------------------------------
-def test_two_node_job_trains_through_torchrun_from_the_staged_sdist(fake_vertex_runner, gcs_bucket, sdist_path,
-                                                                   tmp_path):
+def test_two_node_job_trains_through_torchrun_in_the_trainer_image(fake_vertex_runner, gcs_bucket, tmp_path):
+    from tests.fake_vertex import TRAINER_IMAGE
+
     cfg = make_config("smoke", **TINY_JOB)
     machine, server = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=2), ReductionServer(1)
-    staging = f"gs://{gcs_bucket}"
-    vertex.preflight(region=REGION, staging_bucket=staging, machine=machine, cfg=cfg, sdist=sdist_path,
-                     executor_image_uri=IMAGE_2_4, reduction_server=server, verbose=False)
-    pools = vertex.python_package_worker_pools(cfg, machine, vertex.stage_package(sdist_path, staging),
-                                               executor_image_uri=IMAGE_2_4, reduction_server=server)
+    vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, cfg=cfg,
+                     image_uri=TRAINER_IMAGE, reduction_server=server, verbose=False)
+    pools = vertex.container_worker_pools(cfg, machine, TRAINER_IMAGE, reduction_server=server)
     job, sent = _submit(fake_vertex_runner, gcs_bucket, pools, name="two-nodes")
     assert [p["replicaCount"] for p in sent] == ["1", "1", "1"]
 
     assert vertex.watch_job(job, poll_s=0.5, timeout_s=900, progress=False) == "JOB_STATE_SUCCEEDED"
     log = fake_vertex_runner.jobs[job.resource_name].log
     assert "[workerpool0-0] [launch] chief node 0/2" in log and "[workerpool1-0] [launch] worker node 1/2" in log
+    assert "--shutdown-timeout=300" in log  # time for a checkpoint after a SIGTERM, not torch's 30 s
     assert "workerpool2: 1 replica(s) of us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver" in log
     metrics = vertex.fetch_outputs(job, tmp_path / "out")
     assert metrics["train"]["processes"] == 2  # one DDP run across both nodes, not two separate trainings

@@ -1,0 +1,175 @@
+"""What Vertex AI does to a running job, against the fake: preemption and restarts, quota queues, slow jobs.
+
+Each job runs the trainer image's stand-in (tests/fake_vertex.py) on the default path, the custom container, and
+trains the smoke model the image carries (MiniLM, with dropout: an exact resume needs every RNG state back). The
+fake applies Vertex's documented rules (tests/fake_vertex_runner.py): a preempted replica gets SIGTERM, then
+SIGKILL after the grace period, and is restarted with the same command and environment; a multi-replica job
+restarts every replica (`restart_job_on_worker_restart`, on by default for it). The restarted trainer finds
+AIP_CHECKPOINT_DIR and resumes from the newest complete checkpoint there, so the job must end with exactly the
+metrics of an uninterrupted job of the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from nli_helpers import vertex
+from nli_helpers.config import make_config
+from nli_helpers.vertex import Machine
+
+pytest_plugins = ["tests.fake_vertex"]  # fixtures: make_fake_vertex, trainer_image_python
+
+PROJECT, REGION = "test-project", "us-central1"
+# MiniLM on 96 pairs, batches of 8: 24 optimizer steps, a checkpoint every 6 (and at the epoch end).
+JOB = {"data": "sample", "model_name": "minilm-l6", "max_train_samples": 96, "max_eval_samples": 48, "epochs": 2,
+       "batch_size": 8, "learning_rate": 1e-4, "log_every": 2, "checkpoint_every": 6, "precision": "fp32"}
+ONE = Machine("n1-standard-4", None, 0)
+TWO = Machine("n1-standard-4", None, 0, replica_count=2)
+
+
+@pytest.fixture
+def cloud(make_fake_vertex, trainer_image_python, gcs_bucket):
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    fake = make_fake_vertex(run_jobs=True, grace_s=60)
+    fake.register_image(TRAINER_IMAGE, trainer_image_python)
+    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)
+    return fake, gcs_bucket, TRAINER_IMAGE
+
+
+def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: tuple[str, bool] | None = None):
+    """Submit the job; with `interrupt=(replica, hard)` preempt that replica once it has logged step 8 or later."""
+    fake, bucket, image = cloud
+    pools = vertex.container_worker_pools(make_config("smoke", **JOB), machine, image)
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name)
+    if interrupt:
+        replica, hard = interrupt
+        wait_for_step(fake, job.resource_name, 8)
+        fake.preempt(job.resource_name, replica, hard=hard)
+    assert vertex.watch_job(job, poll_s=0.5, timeout_s=600, progress=False) == "JOB_STATE_SUCCEEDED"
+    metrics = vertex.fetch_outputs(job, out / name)
+    history = [json.loads(line) for line in (out / name / "history.jsonl").read_text().splitlines()]
+    return metrics, history, fake.jobs[job.resource_name]
+
+
+def wait_for_step(fake, name: str, step: int, timeout: float = 300) -> None:
+    """Until the chief (rank 0 prints the progress lines) has logged `step`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [int(s) for s in re.findall(r"^step (\d+)/", fake.replica_log(name, "workerpool0-0"), re.M)]
+        if steps and max(steps) >= step:
+            return
+        assert not fake.jobs[name].done.is_set(), fake.jobs[name].log[-3000:]
+        time.sleep(0.05)
+    raise TimeoutError(f"{name} never logged step {step}:\n{fake.replica_log(name)[-2000:]}")
+
+
+def assert_same_run(got, want) -> None:
+    (metrics, history, _), (want_metrics, want_history, _) = got, want
+    assert [r["step"] for r in history] == [r["step"] for r in want_history]
+    assert [r["loss"] for r in history] == [r["loss"] for r in want_history]  # exactly, across the restart
+    for split in ("validation_matched", "validation_mismatched"):
+        assert metrics[split]["confusion_matrix"] == want_metrics[split]["confusion_matrix"]
+        assert metrics[split]["accuracy"] == want_metrics[split]["accuracy"]
+
+
+@pytest.mark.slow
+def test_a_preempted_single_replica_job_resumes_to_the_same_metrics(cloud, tmp_path):
+    uninterrupted = run_job(cloud, ONE, "one", tmp_path)
+    assert uninterrupted[0]["train"]["steps"] == 24 and uninterrupted[0]["parameters"] > 20e6
+
+    graceful = run_job(cloud, ONE, "one-sigterm", tmp_path, interrupt=("workerpool0-0", False))
+    log = graceful[2].log
+    assert "[fake] workerpool0-0 preempted: restarted on another VM" in log
+    assert f"exiting {134}" in log  # the trainer's restartable code, after its checkpoint
+    resumed = re.search(r"\[workerpool0-0 attempt 2\] resuming from (\S+checkpoint-(\d+))", log)
+    assert resumed and int(resumed.group(2)) >= 8, log[-3000:]  # the step it stopped at, not an epoch end
+    assert_same_run(graceful, uninterrupted)
+
+    killed = run_job(cloud, ONE, "one-sigkill", tmp_path, interrupt=("workerpool0-0", True))
+    resumed = re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-(\d+)", killed[2].log)
+    assert resumed and int(resumed.group(1)) % 6 == 0, killed[2].log[-3000:]  # the last periodic checkpoint
+    assert_same_run(killed, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_preempted_worker_restarts_the_two_replica_torchrun_job_to_the_same_metrics(cloud, tmp_path):
+    uninterrupted = run_job(cloud, TWO, "two", tmp_path)
+    assert uninterrupted[0]["train"]["processes"] == 2
+    body = cloud[0].created_bodies[0]
+    assert body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] is True  # the default for several replicas
+
+    graceful = run_job(cloud, TWO, "two-sigterm", tmp_path, interrupt=("workerpool1-0", False))
+    log = graceful[2].log
+    assert "workerpool1-0 preempted" in log and "restarting every replica" in log
+    assert "[launch] preempted" in log and f"exiting {134}" in log  # the launcher's code, not torchrun's 1
+    assert re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-\d+", log), log[-3000:]
+    assert_same_run(graceful, uninterrupted)
+
+    killed = run_job(cloud, TWO, "two-sigkill", tmp_path, interrupt=("workerpool1-0", True))
+    assert re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-\d+", killed[2].log)
+    assert_same_run(killed, uninterrupted)
+
+
+def test_a_user_error_fails_the_job_for_good_and_a_transient_exit_is_retried(make_fake_vertex, gcs_bucket,
+                                                                              trainer_image_python, tmp_path):
+    fake = make_fake_vertex(run_jobs=True)
+    script = tmp_path / "python"  # an "image" whose entry point exits with the code in $EXIT_WITH, once
+    script.write_text(f"#!/bin/sh\n[ -e {tmp_path}/ran ] && exit 0\ntouch {tmp_path}/ran\nexit $EXIT_WITH\n")
+    script.chmod(0o755)
+    fake.register_image("us-central1-docker.pkg.dev/p/r/exits:1", script)
+    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)
+    outcomes = {}
+    for code in (1, 134):
+        (tmp_path / "ran").unlink(missing_ok=True)
+        pool = {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+                "container_spec": {"image_uri": "us-central1-docker.pkg.dev/p/r/exits:1",
+                                   "env": [{"name": "EXIT_WITH", "value": str(code)}]}}
+        job = vertex.submit_custom_job([pool], base_output_dir=f"gs://{gcs_bucket}/exits-{code}")
+        fake.wait(job.resource_name, timeout=60)
+        outcomes[code] = (job.state.name, job.error.message, fake.jobs[job.resource_name].log)
+    state, message, _ = outcomes[1]
+    assert state == "JOB_STATE_FAILED"
+    assert "The replica workerpool0-0 exited with a non-zero status of 1" in message
+    state, _, log = outcomes[134]
+    assert state == "JOB_STATE_SUCCEEDED" and "exited 134 (possibly transient): restarted in place" in log
+
+
+def test_a_job_short_of_gpu_quota_waits_queued_and_says_why(make_fake_vertex, gcs_bucket, capsys):
+    fake = make_fake_vertex(run_jobs=True, gpu_quota={"NVIDIA_L4": 0})
+    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)
+    pools = vertex.container_worker_pools(make_config("smoke", **JOB), Machine("g2-standard-8", "NVIDIA_L4", 1),
+                                          "us-central1-docker.pkg.dev/p/nli/trainer:1")
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/queued", display_name="queued")
+    with pytest.raises(vertex.VertexError) as err:
+        vertex.watch_job(job, poll_s=0.1, timeout_s=2, queued_notice_s=0.5, progress=False)
+    shown = capsys.readouterr()
+    notice = shown.out + shown.err
+    assert "queued: JOB_STATE_QUEUED" in notice
+    assert "queued is still queued after" in notice and "Custom model training NVIDIA L4 GPUs per region" in notice
+    assert f"https://console.cloud.google.com/iam-admin/quotas?project={PROJECT}" in notice
+    message = str(err.value)
+    assert "is still JOB_STATE_QUEUED after 2 s" in message and "lacks custom-training quota" in message
+    assert "watch_job(" in message and "job.cancel()" in message
+    job.cancel()
+    assert fake.wait(job.resource_name, timeout=30).state.name == "JOB_STATE_CANCELLED"
+
+
+def test_a_queued_job_starts_when_quota_frees_up(make_fake_vertex, gcs_bucket):
+    fake = make_fake_vertex(run_jobs=True, gpu_quota={"NVIDIA_TESLA_T4": 1})
+    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)
+    pools = vertex.container_worker_pools(make_config("smoke", **JOB), Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2),
+                                          "us-central1-docker.pkg.dev/p/nli/unpushed:1")
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/two-t4")
+    deadline = time.monotonic() + 10
+    while job.state.name != "JOB_STATE_QUEUED" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job.state.name == "JOB_STATE_QUEUED"  # two T4s asked, one allowed
+    fake.set_quota("NVIDIA_TESLA_T4", 2)
+    fake.wait(job.resource_name, timeout=30)
+    assert job.state.name == "JOB_STATE_FAILED" and "cannot pull image" in job.error.message  # it ran: no image
