@@ -36,6 +36,7 @@ def run_once(checkpoint_dir: str, job_dir: Path, env: dict) -> dict:
             "--precision", "fp32", "--job-dir", str(job_dir)]
     run_env = {**env, "AIP_CHECKPOINT_DIR": checkpoint_dir, "OMP_NUM_THREADS": "1"}
     log = job_dir.parent / f"{job_dir.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args], cwd=ROOT, env=run_env,
                                 stdout=out, stderr=subprocess.STDOUT)
