@@ -7,13 +7,14 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv browser demo train-smoke bench test test-fast lint constraints clean
+.PHONY: help venv browser demo train-smoke bench gpu-check test test-fast lint constraints clean
 
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
 	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
 	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
+	@echo "make gpu-check  roberta-base-shaped bf16/fp16/Trainer runs on this machine's GPU into runs/gpu_check.json"
 	@echo "make lint | constraints | clean"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -38,6 +39,11 @@ train-smoke: $(STAMP)
 # Throughput against the old recipe and Hugging Face Trainer, about 5 minutes (benchmarks/README.md).
 bench: $(STAMP)
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/train_throughput.py --quick --out runs/throughput.json
+
+# The GPU check: a roberta-base-shaped model (random weights, no hub) in bf16, fp16 and HF Trainer on the GPU here
+# (benchmarks/README.md). Without a GPU it stops with a message; `benchmarks/gpu_check.py --cpu-smoke` is the tiny version.
+gpu-check: $(STAMP)
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
 
 # Debian's Chromium, which tests/test_jupyterlab_ui.py drives with playwright (never `playwright install`).
 # Installed with apt when we are root and apt-get exists; otherwise a hint, and the test skips (fails in CI).

@@ -63,10 +63,11 @@ class BatchCounter:
 
 
 def device_and_bf16() -> tuple[torch.device, bool]:
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.cuda.is_bf16_supported()
-    cpu_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.device("cpu"), bool(cpu_bf16)
+    """The device, and whether it computes bf16 natively (not emulated, as on a T4: nli_helpers.hardware)."""
+    from nli_helpers.hardware import native_bf16
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return device, native_bf16(device)
 
 
 # -- the three runners: each returns the precision it trained in --------------------------------------
@@ -102,6 +103,7 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
 
     _, bf16 = device_and_bf16()
     cuda = device.type == "cuda"
+    bf16 = bf16 and OVERRIDES.get("precision") != "fp16"  # hf_trainer@fp16: its fp16 path on any GPU
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="bench-trainer-"),
         max_steps=spec["steps"], per_device_train_batch_size=spec["batch_size"],
@@ -111,7 +113,7 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
         train_sampling_strategy="group_by_length", length_column_name="length",
         dataloader_num_workers=spec.get("trainer_workers", 2 if cuda else 0),
         dataloader_pin_memory=cuda, dataloader_persistent_workers=cuda,
-        eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=20,
+        eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=spec.get("log_every", 20),
         report_to="none", disable_tqdm=True, seed=spec["seed"], data_seed=spec["seed"],
         torch_compile=spec.get("trainer_compile", False),
     )
@@ -119,6 +121,7 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
     trainer = Trainer(model=model, args=args, train_dataset=tokenized["train"], data_collator=collator,
                       processing_class=tokenizer)
     trainer.train()
+    LOSS_CURVE.extend((row["step"], row["loss"]) for row in trainer.state.log_history if "loss" in row)
     return "bf16" if bf16 else ("fp16" if cuda else "fp32")
 
 
@@ -132,15 +135,19 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
                       max_length=spec["max_length"], learning_rate=spec["learning_rate"],
                       warmup_ratio=spec["warmup_ratio"], weight_decay=spec["weight_decay"],
                       epochs=(spec["steps"] - 0.5) / steps_per_epoch, seed=spec["seed"],
-                      progress=False, log_every=20, **OVERRIDES)
+                      progress=False, log_every=spec.get("log_every", 20), **OVERRIDES)
     # Only the train split: held-out scoring is the harness's job, the same for every runner.
     result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device)
     assert result.metrics["train"]["steps"] == spec["steps"], result.metrics["train"]
+    every, rows = spec.get("log_every", 20), result.history  # the mean of each window, as Trainer logs it
+    LOSS_CURVE.extend((rows[i + every - 1]["step"], float(np.mean([r["loss"] for r in rows[i:i + every]])))
+                      for i in range(0, len(rows) - every + 1, every))
     return result.metrics["precision"]
 
 
 RUNNERS = {"seed_recipe": run_seed_recipe, "hf_trainer": run_hf_trainer, "nli_helpers": run_nli_helpers}
 OVERRIDES: dict = {}  # TrainConfig fields an ablation changes
+LOSS_CURVE: list[tuple[int, float]] = []  # (step, loss) every log_every steps, from the runner that ran
 
 
 def apply_variant(runner: str, variant: str) -> None:
@@ -150,8 +157,8 @@ def apply_variant(runner: str, variant: str) -> None:
     for part in filter(None, variant.split("+")):
         if runner == "nli_helpers" and part == "foreach_adamw":
             nt.build_optimizer = _foreach_optimizer
-        elif runner == "nli_helpers" and part == "fp32":
-            OVERRIDES["precision"] = "fp32"
+        elif runner in ("nli_helpers", "hf_trainer") and part in ("fp32", "bf16", "fp16"):
+            OVERRIDES["precision"] = part
         elif runner == "nli_helpers" and part == "no_grouping":
             OVERRIDES["group_by_length"] = False
         else:
@@ -186,6 +193,8 @@ def heldout_accuracy(model, tokenizer, dataset, device, batch_size: int = 128) -
 def run(spec: dict) -> dict:
     torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
     device, _ = device_and_bf16()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     splits = load_nli_splits(spec["data"], eval_fraction=spec["eval_fraction"], seed=spec["seed"],
                              max_eval_samples=spec.get("max_eval_samples"))
@@ -219,6 +228,8 @@ def run(spec: dict) -> dict:
         "padded_fraction": 1 - counter.real_tokens / counter.padded_tokens if counter.padded_tokens else 0.0,
         "accuracy": accuracy, "eval_examples": len(held_out), "train_examples": len(splits["train"]),
         "mean_train_tokens": float(np.mean(tokenized["train"]["length"])),
+        "loss_curve": LOSS_CURVE, "parameters": sum(p.numel() for p in model.parameters()),
+        "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
     }
 
 

@@ -86,7 +86,8 @@ class TrainConfig:
     job_dir: str | None = _f(None, "output directory, local or gs://; default $AIP_MODEL_DIR when "
                              "set, else runs/train-<time>")
     epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
-    batch_size: int = _f(32, "training examples per optimizer step (per process)")
+    batch_size: int = _f(32, "training examples per optimizer step over all processes (the global batch: "
+                         "the same recipe on 1 or 8 GPUs; each process takes batch_size / processes)")
     eval_batch_size: int = _f(128, "examples per evaluation batch")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step; each micro-batch "
                                "holds batch_size / grad_accum_steps examples")
@@ -116,6 +117,8 @@ class TrainConfig:
     num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
                           "0 is fastest on CPU)")
     progress: bool = _f(True, "show tqdm progress bars")
+    allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full profile, a Vertex "
+                         "job that asked for GPUs): days for roberta-base")
     hypertune_metric: str | None = _f(None, "report this validation metric (e.g. validation_matched_accuracy) to "
                                       "Vertex AI hyperparameter tuning after every evaluation; unset: only in a trial")
 

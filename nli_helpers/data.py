@@ -509,10 +509,10 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
 
     Each epoch: shuffle all indices (seed + epoch), cut them into mega-batches of
     `batch_size * mega_batches` examples, sort each mega-batch by length, cut it into batches and
-    shuffle the batches. With `num_replicas > 1` the batches are global (`batch_size *
-    num_replicas` examples) and each rank takes its interleaved share of every one, so N processes
-    see exactly the examples one process would at N times the batch size; every rank draws the
-    same permutation (same seed), so no communication is needed.
+    shuffle the batches. `batch_size` is the global batch: with `num_replicas > 1` each rank takes its
+    interleaved share of every batch (batch_size / num_replicas examples), so N processes see exactly
+    the batches one process would; every rank draws the same permutation (same seed), so no
+    communication is needed.
     """
 
     def __init__(self, lengths: list[int] | np.ndarray, batch_size: int, *, seed: int = 0,
@@ -527,10 +527,10 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.epoch, self.skip = epoch, skip_batches
 
     def global_batches(self) -> list[np.ndarray]:
-        """This epoch's batches of `batch_size * num_replicas` examples, the same on every rank."""
+        """This epoch's batches of `batch_size` examples, the same on every rank."""
         rng = np.random.default_rng(self.seed + self.epoch)
         order = rng.permutation(len(self.lengths))
-        size = self.batch_size * self.num_replicas
+        size = self.batch_size
         if self.group:
             mega = size * self.mega
             chunks = [order[i:i + mega] for i in range(0, len(order), mega)]
@@ -555,7 +555,7 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
-        size = self.batch_size * self.num_replicas
+        size = self.batch_size
         n = len(self.lengths)
         return n // size + (n % size >= self.num_replicas)
 

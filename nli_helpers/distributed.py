@@ -100,6 +100,33 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return bool(votes.item())
 
 
+def broadcast_from_main(obj, info: DistInfo):
+    """Rank 0's `obj` on every rank (over the CPU control group)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_control_group)
+    return box[0]
+
+
+def on_main_process(fn, info: DistInfo):
+    """Run `fn` on rank 0 only (a save, an upload) and return its result there; every rank learns whether it
+    worked, so a failure on rank 0 raises on every rank at once with rank 0's message, instead of leaving the
+    others in a barrier until the collective timeout (30 minutes)."""
+    result, error = None, None
+    if info.is_main:
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+            error = err
+    failure = broadcast_from_main(None if error is None else f"{type(error).__name__}: {error}", info)
+    if error is not None:
+        raise error
+    if failure is not None:
+        raise DistributedError(f"rank 0 failed, so rank {info.rank} stops too: {failure}")
+    return result
+
+
 def all_gather_objects(obj, info: DistInfo) -> list:
     """Every process's `obj`, in rank order (a one-element list when single-process)."""
     if not info.enabled:

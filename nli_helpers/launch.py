@@ -72,6 +72,7 @@ def run_torchrun(command: list[str]) -> int:
 
         def forward(signum, frame):
             signalled.append(signum)
+            (markers / "launcher-sigterm").touch()  # the trainers then checkpoint (see train.py)
             child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -80,7 +81,7 @@ def run_torchrun(command: list[str]) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        preempted = sorted(p.name for p in markers.iterdir())
+        preempted = sorted(p.name for p in markers.iterdir() if p.name.startswith("rank-"))
     finally:
         shutil.rmtree(markers, ignore_errors=True)
     if preempted or (signalled and code != 0):

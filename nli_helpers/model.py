@@ -156,10 +156,17 @@ def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
 
 
 def _load_classifier(path: str, num_labels: int):
-    return AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID, use_safetensors=True,
-        trust_remote_code=False, attn_implementation="sdpa", ignore_mismatched_sizes=True,
-    )
+    """The classifier in fp32, whatever dtype it was saved in: training keeps fp32 master weights and autocasts
+    (transformers 5 loads `dtype="auto"`, so a checkpoint saved in fp16/bf16 would train in half precision and
+    fp16 would then fail in the grad scaler). SDPA attention where the architecture has it, else eager (DeBERTa)."""
+    kwargs = dict(num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID, use_safetensors=True,
+                  trust_remote_code=False, ignore_mismatched_sizes=True, dtype=torch.float32)
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="sdpa", **kwargs)
+    except ValueError as err:
+        if "scaled_dot_product_attention" not in str(err):
+            raise
+        return AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager", **kwargs)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

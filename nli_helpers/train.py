@@ -39,11 +39,13 @@ from .distributed import (
     all_gather_objects,
     all_reduce_sum,
     any_rank,
-    barrier,
+    broadcast_from_main,
     device_for,
     init_distributed,
+    on_main_process,
     shutdown_distributed,
 )
+from .hardware import autocast, check_accelerator, resolve_precision
 from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters, load_model_and_tokenizer
 from .progress import live_progress, log_line, quiet_library_bars
@@ -77,33 +79,6 @@ class TrainResult:
     output_dir: str | None = None
 
 
-# -- hardware --------------------------------------------------------------------------------
-def cpu_supports_bf16() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """Turn `auto` into fp32/bf16/fp16 for this device; refuse what the hardware cannot do."""
-    cuda = device.type == "cuda"
-    bf16_ok = torch.cuda.is_bf16_supported() if cuda else cpu_supports_bf16()
-    if requested == "auto":
-        return "bf16" if bf16_ok else ("fp16" if cuda else "fp32")
-    if requested == "bf16" and not bf16_ok:
-        where = "this GPU (bf16 needs Ampere or newer)" if cuda else "this CPU (it lacks AVX512-BF16/AMX)"
-        raise ConfigError(f"precision=bf16 is not supported on {where}; use --precision auto or fp32"
-                          + (" or fp16" if cuda else ""))
-    if requested == "fp16" and not cuda:
-        raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 where "
-                          "supported) or fp32")
-    return requested
-
-
-def autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
 # -- pieces of the loop ------------------------------------------------------------------------
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with no weight decay on biases and LayerNorm; fused kernels where torch has them."""
@@ -120,9 +95,20 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
 
 
+def batch_split(cfg: TrainConfig, world_size: int) -> int:
+    """Examples each process takes per micro-batch: `batch_size` is the global batch, the same on any number of
+    processes (the recipe's 32 stays 32 on 8 GPUs), split over processes and accumulation steps."""
+    parts = world_size * cfg.grad_accum_steps
+    if cfg.batch_size % parts:
+        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over {world_size} "
+                          f"process(es) x {cfg.grad_accum_steps} accumulation step(s): use a multiple of {parts}")
+    return cfg.batch_size // parts
+
+
 def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device, *,
                       num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
-    micro_batch = cfg.batch_size // cfg.grad_accum_steps
+    batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
+    micro_batch = cfg.batch_size // cfg.grad_accum_steps  # global: each rank takes an equal share of each
     sampler = LengthGroupedBatchSampler(dataset["length"], micro_batch, seed=cfg.seed,
                                         group_by_length=cfg.group_by_length,
                                         num_replicas=num_replicas, rank=rank)
@@ -223,7 +209,7 @@ class TrainingLoop:
         self.evals = {k: v for k, v in tokenized.items() if k != "train"}
         self.callbacks = list(callbacks) if info.is_main else []
         self.checkpoint_root = checkpoint_root if cfg.keep_checkpoints > 0 else None
-        self.step = self.epoch = self.batches_done = 0
+        self.step = self.epoch = self.batches_done = self.skipped_steps = 0
         self.history: list[dict] = []
         self.eval_history: list[dict] = []
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on device)
@@ -272,9 +258,15 @@ class TrainingLoop:
         if cfg.max_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if scale is not None and self.scaler.get_scale() < scale:
+            # fp16: the scaler found inf/NaN gradients, skipped the update and lowered its scale. No optimizer
+            # step happened, so neither the schedule nor the step count moves (as Trainer and accelerate do).
+            self.skipped_steps += 1
+            return False
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.step += 1
@@ -329,6 +321,10 @@ class TrainingLoop:
             return
 
         def request_stop(signum, frame):
+            if stopped_by_torchrun_after_a_failure():
+                # Another rank failed and torchrun is stopping the rest: no checkpoint can follow (that rank is
+                # gone), and this one may be blocked in a collective where a flag is never read. Exit now.
+                os._exit(128 + signum)
             if not self.stop_requested:
                 self.stop_requested, self.stop_requested_at = True, time.monotonic()
 
@@ -349,34 +345,51 @@ class TrainingLoop:
         if not self.checkpoint_root:
             return None
         self._flush()  # the history is complete and a non-finite loss stops us before we save
-        rng = all_gather_objects(_rng_state(), self.info)
-        path = None
-        if self.info.is_main:
+        rng = all_gather_objects(_rng_state(self.device), self.info)
+
+        def write() -> str:
             state = {"step": self.step, "epoch": self.epoch, "batches_done": self.batches_done,
-                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "scaler": self.scaler.state_dict(), "rng": rng, "history": self.history,
-                     "eval_history": self.eval_history, "config": self.cfg.to_dict()}
-            path = save_checkpoint(self.checkpoint_root, self.step, self.model, state, self.cfg.keep_checkpoints)
-        barrier(self.info)
-        return path
+                     "skipped_steps": self.skipped_steps, "world_size": self.info.world_size,
+                     "precision": self.precision, "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
+                     "history": self.history, "eval_history": self.eval_history, "config": self.cfg.to_dict()}
+            return save_checkpoint(self.checkpoint_root, self.step, self.model, state, self.cfg.keep_checkpoints)
+
+        return on_main_process(write, self.info)  # a failure on rank 0 stops every rank, not only rank 0
 
     def resume_from(self, path: str) -> None:
         """Load a checkpoint: weights, optimizer, schedule, scaler, RNG, data position, history."""
         state = load_checkpoint(path, self.model)
+        self._check_resumable(path, state)
+        self.model.to(self.device)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"][self.info.rank], self.device)
+        self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.history, self.eval_history = state["history"], state["eval_history"]
+        self._log(f"resumed from {path} at step {self.step}")
+
+    def _check_resumable(self, path: str, state: dict) -> None:
+        """Refuse a resume that would silently train another run: changed settings, process count or precision."""
         saved = state["config"]
         changed = [f"{k} ({saved.get(k)!r} -> {getattr(self.cfg, k)!r})" for k in RESUME_CRITICAL
                    if saved.get(k) != getattr(self.cfg, k)]
         if changed:
             raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; "
                                   "resume with the same settings or start a new job dir")
-        self.model.to(self.device)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"][self.info.rank] if len(state["rng"]) > self.info.rank else state["rng"][0])
-        self.step, self.epoch, self.batches_done = state["step"], state["epoch"], state["batches_done"]
-        self.history, self.eval_history = state["history"], state["eval_history"]
-        self._log(f"resumed from {path} at step {self.step}")
+        world = state.get("world_size", len(state["rng"]))
+        if world != self.info.world_size:
+            raise CheckpointError(f"cannot resume from {path}: it was written by {world} process(es) and this run has "
+                                  f"{self.info.world_size}; each process's share of the data and its random state "
+                                  f"would change. Resume with {world} process(es) (torchrun --nproc-per-node, the "
+                                  "same machines), or start a new job dir")
+        precision = state.get("precision", self.precision)
+        if precision != self.precision:
+            raise CheckpointError(f"cannot resume from {path}: it trained in {precision} and this run would train "
+                                  f"in {self.precision} (another GPU, or --precision); pass --precision {precision} "
+                                  "where the hardware has it, or start a new job dir")
 
     def _result(self, train_seconds: float) -> TrainResult:
         cfg, info, tokenized = self.cfg, self.info, self.tokenized
@@ -385,8 +398,10 @@ class TrainingLoop:
         metrics = {
             **final,
             "train": {"steps": self.step, "epochs": cfg.epochs, "seconds": train_seconds,
-                      "examples_per_s": self.step * cfg.batch_size * info.world_size / train_seconds,
-                      "processes": info.world_size,
+                      "examples_per_s": self.step * cfg.batch_size / train_seconds,
+                      "processes": info.world_size, "global_batch": cfg.batch_size,
+                      "per_process_batch": batch_split(cfg, info.world_size), "grad_accum_steps": cfg.grad_accum_steps,
+                      "skipped_steps": self.skipped_steps,
                       "examples": len(tokenized["train"]), "mean_tokens": train_tokens / len(tokenized["train"]),
                       "final_loss": self.history[-1]["loss"] if self.history else None},
             "majority_baseline": {k: majority_baseline(v["label"]) for k, v in self.evals.items()},
@@ -398,15 +413,26 @@ class TrainingLoop:
         return TrainResult(self.model, self.tokenizer, cfg, metrics, self.history)
 
 
-def _rng_state() -> dict:
+def _rng_state(device: torch.device) -> dict:
+    """This process's RNG: the CPU generator and, on a GPU, its own device's (not every visible GPU's)."""
     return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # checkpoints before 2026-11 kept every visible GPU's state
+        cuda = cuda[device.index or 0] if device.type == "cuda" and len(cuda) > (device.index or 0) else None
+    if cuda is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def stopped_by_torchrun_after_a_failure() -> bool:
+    """Under `nli_helpers.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping the
+    surviving ranks after one failed (the launcher marks a preemption before it forwards the signal)."""
+    markers = os.environ.get("NLI_PREEMPTED_MARKERS")
+    return bool(markers) and not os.path.exists(os.path.join(markers, "launcher-sigterm"))
 
 
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
@@ -414,8 +440,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
           checkpoint_root: str | None = None, resume_from: str | None = None) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split.
 
-    Under torchrun (`info.world_size > 1`) the model is wrapped in DDP; `cfg.batch_size` is per
-    process, so N processes train on the same global batches as one process at N x batch_size.
+    Under torchrun (`info.world_size > 1`) the model is wrapped in DDP; `cfg.batch_size` is the global
+    batch, split over the processes, so N processes train on exactly the batches one process would.
     With `checkpoint_root`, checkpoints are written at each epoch end (and every
     `cfg.checkpoint_every` steps); `resume_from` continues a checkpoint exactly.
     """
@@ -466,6 +492,19 @@ def _eval_row(step: int, epoch: int, scores: dict) -> dict:
 
 
 # -- the whole run: load, train, save ------------------------------------------------------------
+RECIPE_GLOBAL_BATCH = 32  # the reference recipe's batch (full profile), for which its learning rate was tuned
+
+
+def batch_line(cfg: TrainConfig, world_size: int) -> str:
+    """How the global batch splits, and a warning when `full` leaves the recipe's batch."""
+    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} process(es) x "
+            f"{batch_split(cfg, world_size)} x {cfg.grad_accum_steps} accumulation step(s)")
+    if cfg.profile == "full" and cfg.batch_size != RECIPE_GLOBAL_BATCH:
+        line += (f"\nwarning: the reference recipe trains at a global batch of {RECIPE_GLOBAL_BATCH} (lr 2e-5 was "
+                 f"tuned for it); {cfg.batch_size} changes the recipe, retune --learning_rate")
+    return line
+
+
 def default_job_dir() -> str:
     return os.environ.get("AIP_MODEL_DIR") or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
 
@@ -492,9 +531,21 @@ def save_run(result: TrainResult, job_dir: str) -> str:
     """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json last.
 
     metrics.json is written last on purpose: its presence marks a finished run. A gs:// job dir is
-    written locally first, then uploaded.
+    written to a temporary folder first, uploaded, and the folder removed.
     """
-    local = Path(tempfile.mkdtemp(prefix="nli-run-")) if job_dir.startswith("gs://") else Path(job_dir)
+    if job_dir.startswith("gs://"):
+        from . import storage
+
+        with tempfile.TemporaryDirectory(prefix="nli-run-") as local:
+            _write_run(result, Path(local))
+            storage.upload(local, job_dir)
+    else:
+        _write_run(result, Path(job_dir))
+    result.output_dir = job_dir
+    return job_dir
+
+
+def _write_run(result: TrainResult, local: Path) -> None:
     local.mkdir(parents=True, exist_ok=True)
     (local / "metrics.json").unlink(missing_ok=True)
     result.model.save_pretrained(local, safe_serialization=True)
@@ -505,16 +556,11 @@ def save_run(result: TrainResult, job_dir: str) -> str:
     tmp = local / "metrics.json.tmp"
     tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
     os.replace(tmp, local / "metrics.json")
-    if job_dir.startswith("gs://"):
-        from . import storage
-
-        storage.upload(local, job_dir)
-    result.output_dir = job_dir
-    return job_dir
 
 
 def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
+    check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
     quiet_library_bars()
@@ -532,6 +578,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     if verbose:
         print(f"data: {splits.report}")
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
+        print(batch_line(cfg, info.world_size))
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
     root = checkpoint_root(cfg.checkpoint_dir, job_dir)
     resume = cfg.resume
@@ -540,15 +587,15 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
         resume = "auto"
         if verbose:
             print(f"AIP_CHECKPOINT_DIR is set (Vertex AI): resuming from the newest complete checkpoint in {root}, if any")
-    resume_from = latest_checkpoint(root) if resume == "auto" else resume
+    # Rank 0 chooses and every rank follows: nodes with their own local checkpoint folders could disagree.
+    resume_from = broadcast_from_main(latest_checkpoint(root) if resume == "auto" and info.is_main else None,
+                                      info) if resume == "auto" else resume
     if verbose and resume:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
     try:
         result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
                        checkpoint_root=root, resume_from=resume_from)
-        if info.is_main:  # one writer: every rank holds the same weights
-            save_run(result, job_dir)
-        barrier(info)
+        on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
     finally:
         shutdown_distributed()
     if verbose:

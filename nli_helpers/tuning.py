@@ -37,7 +37,8 @@ from .tracking import DEFAULT_HYPERTUNE_METRIC, parse_hypertune_metric
 
 GOALS = ("maximize", "minimize")
 # Fields a search may not vary: where the run writes, what it reports, how it is shown.
-NOT_SEARCHABLE = ("profile", "job_dir", "checkpoint_dir", "resume", "hypertune_metric", "progress", "data")
+NOT_SEARCHABLE = ("profile", "job_dir", "checkpoint_dir", "resume", "hypertune_metric", "progress", "data",
+                  "allow_cpu")
 
 
 # -- the search space ---------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from nli_helpers import pricing, storage
-from nli_helpers.config import NLIError, TrainConfig, make_config, resolve_profile
+from nli_helpers.config import ConfigError, NLIError, TrainConfig, make_config, resolve_profile
 from nli_helpers.pricing import CostEstimate, PricingError, accelerator_problem, estimate_cost
 
 if TYPE_CHECKING:
@@ -143,6 +143,11 @@ class Machine:
     @property
     def has_gpu(self) -> bool:
         return bool(self.accelerator_type and self.accelerator_count)
+
+    @property
+    def processes(self) -> int:
+        """Training processes of the job: one per GPU (one per machine without GPUs), on every replica."""
+        return self.replica_count * (self.accelerator_count if self.has_gpu else 1)
 
     @property
     def multi_process(self) -> bool:
@@ -428,6 +433,7 @@ def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainC
         checks.append(_check_prebuilt_image(executor_image_uri, machine, region))
     if cfg is not None:
         checks.append(_check_data(cfg))
+        checks.append(_check_batch(cfg, machine))
     if labels:
         checks.append(_check_labels(labels))
     if verbose:
@@ -530,6 +536,17 @@ def _check_data(cfg: TrainConfig) -> Check:
         return Check("data", "fail", f"data={cfg.data} is a local path the Vertex worker cannot see: upload it with "
                      "storage.upload(path, 'gs://BUCKET/data/...') and pass the gs:// URI (or data='sample')")
     return Check("data", "ok", f"data={cfg.data or 'the profile default'}")
+
+
+def _check_batch(cfg: TrainConfig, machine: Machine) -> Check:
+    from .train import batch_line  # torch: imported only when a config is checked
+
+    try:
+        line = batch_line(cfg, machine.processes)
+        return Check("batch", "warn" if "warning:" in line else "ok", line.replace("\n", "; "))
+    except ConfigError as err:
+        return Check("batch", "fail", f"{err} (the job has {machine.processes} training processes: one per GPU "
+                     "of every replica)")
 
 
 def _check_labels(labels: dict[str, str]) -> Check:

@@ -320,7 +320,10 @@ class FakeVertex:
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=job.proto.name.split("/")[1], HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # several replicas share this machine's few cores
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",  # several replicas share this machine's few cores
+                   # Not Vertex's: the replicas run on this CPU whatever GPUs the job asked for, so the trainer is
+                   # told to accept that (its --allow-cpu), instead of refusing a GPU job without a GPU.
+                   NLI_ALLOW_CPU="1")
         env.update(vertex_env(job.proto, replica, hosts))
         env.update({e["name"]: e["value"] for e in spec_env})
         return env
@@ -365,8 +368,10 @@ def cluster_spec(proto: CustomJob, replica: str, hosts: dict[str, str]) -> str:
     for name in replica_names(proto):
         cluster.setdefault(name.rsplit("-", 1)[0], []).append(hosts[name])
     pool, index = replica.rsplit("-", 1)
+    # "job": the CustomJobSpec the job was created with, as a dictionary (enum names, snake_case fields).
+    job = type(proto.job_spec).to_dict(proto.job_spec, use_integers_for_enums=False)
     return json.dumps({"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": int(index)},
-                       "job": json.dumps(CustomJob.to_dict(proto)["job_spec"])})
+                       "job": job})
 
 
 def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[str, str]:

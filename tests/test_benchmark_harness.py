@@ -72,3 +72,31 @@ def test_ratios_are_medians_of_per_repeat_ratios():
 def test_unknown_runner_is_refused():
     with pytest.raises(SystemExit, match="unknown runner"):
         load_harness().main(["--runners", "nli_helpers,fastest", "--data", "sample"])
+
+
+def test_the_gpu_check_runs_its_shape_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-smoke", "--steps", "3",
+                           "--data", "sample", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report) == {"device", "peak_flops", "shape", "config", "runs", "skipped"}
+    assert "hf_trainer" in report["runs"] and any(r.startswith("nli_helpers@") for r in report["runs"])
+    assert report["skipped"] == {"nli_helpers@fp16": "fp16 needs a CUDA GPU"}  # this CPU: no fp16, no MFU
+    for name, run in report["runs"].items():
+        assert run["steps"] == 3 and run["examples"] == 3 * 8, name
+        assert [step for step, _ in run["loss_curve"]] == [1, 2, 3], name
+        assert run["examples_per_s"] > 0 and run["mfu"] is None and run["peak_gpu_memory_gb"] is None
+    assert "| runner | precision | examples/s | tokens/s | MFU |" in proc.stdout
+
+
+def test_mfu_counts_the_recipe_flops():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # roberta-base at 40 tokens a pair: about 20.6 GFLOP of matmuls per pair, 0.18 of attention (benchmarks/README.md)
+    flops = module.model_flops({"real_tokens": 40, "examples": 1}, module.ROBERTA_BASE)
+    assert 20.5e9 < flops < 21.0e9
+    assert module.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and module.peak_flops("Tesla T4") == 65e12
+    assert module.peak_flops("Some Future GPU") is None

@@ -170,9 +170,9 @@ def test_length_grouped_batches_cover_every_example_once_and_pad_less():
 def test_replicas_share_the_single_process_batches():
     lengths = np.random.default_rng(1).integers(5, 100, size=103)
     single = LengthGroupedBatchSampler(lengths, 8, seed=0).batches()
-    shards = [LengthGroupedBatchSampler(lengths, 4, seed=0, num_replicas=2, rank=r) for r in (0, 1)]
+    shards = [LengthGroupedBatchSampler(lengths, 8, seed=0, num_replicas=2, rank=r) for r in (0, 1)]
     a, b = shards[0].batches(), shards[1].batches()
     assert len(a) == len(b) == len(shards[0])
     assert not set(np.concatenate(a)) & set(np.concatenate(b))
-    # two ranks at batch 4 see exactly the examples of one process at batch 8, step by step
+    # the global batch of 8, split: two ranks see exactly the examples of one process, step by step
     assert [sorted(x.tolist() + y.tolist()) for x, y in zip(a, b)] == [sorted(s.tolist()) for s in single]

@@ -91,7 +91,7 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
     assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           f"--master-port={free_port()}", "--module", "nli_helpers.task",
-                          *train_args(tmp_path / "two", 4, tiny_model_dir)],
+                          *train_args(tmp_path / "two", 8, tiny_model_dir)],  # the same global batch
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     (h1, m1), (h2, m2) = read_run(tmp_path / "one"), read_run(tmp_path / "two")

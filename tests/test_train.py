@@ -8,8 +8,9 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from nli_helpers.config import ConfigError, make_config
+from nli_helpers.hardware import resolve_precision
 from nli_helpers.model import predict
-from nli_helpers.train import resolve_precision, run_training
+from nli_helpers.train import run_training
 
 
 @pytest.fixture(scope="module")

@@ -200,7 +200,8 @@ def test_preflight_passes_a_sound_container_job(gcs_bucket):
                               labels={"team": "nlp", "run": "smoke-1"})
     status = {c.name: c.status for c in checks}
     # The emulator reports every bucket as multi-region US: usable from us-central1, with a warning.
-    assert status == {"staging bucket": "warn", "machine": "ok", "image/torch": "ok", "data": "ok", "labels": "ok"}
+    assert status == {"staging bucket": "warn", "machine": "ok", "image/torch": "ok", "data": "ok", "batch": "ok",
+                      "labels": "ok"}
     assert f"gs://{gcs_bucket}: US contains us-central1" in checks[0].message
 
 
@@ -220,6 +221,19 @@ def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     assert "no prebuilt Vertex AI PyTorch training image for torch" in message  # torch 2.13 here
     assert "is a local path the Vertex worker cannot see" in message
     assert "invalid label(s) Team" in message
+
+
+def test_preflight_fails_a_global_batch_that_does_not_split_over_the_gpus(gcs_bucket):
+    three = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=3)
+    with pytest.raises(vertex.PreflightError, match=r"batch_size=32 \(the global batch\) does not split over 3 "
+                                                    r"process\(es\).*3 training processes"):
+        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=three, cfg=make_config("full"),
+                         image_uri="gcr.io/p/trainer:1", verbose=False)
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri="gcr.io/p/trainer:1",
+                              machine=Machine("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8), verbose=False,
+                              cfg=make_config("full", batch_size=256))
+    batch = next(c for c in checks if c.name == "batch")
+    assert batch.status == "warn" and "= 8 process(es) x 32" in batch.message and "reference recipe" in batch.message
 
 
 def test_preflight_fails_a_bucket_outside_the_job_region(gcs_bucket):

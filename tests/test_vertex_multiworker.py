@@ -16,6 +16,7 @@ from google.cloud.aiplatform_v1.types import AcceleratorType
 from nli_helpers import launch, pricing, vertex
 from nli_helpers.config import make_config
 from nli_helpers.distributed import cluster_layout, torchrun_command
+from nli_helpers.hardware import vertex_gpus
 from nli_helpers.vertex import Machine, ReductionServer
 
 # Fixtures: fake_vertex, fake_vertex_runner. Its helpers are imported inside the tests, after pytest
@@ -110,6 +111,9 @@ def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gc
     hosts = {name: f"cmle-training-{name.rsplit('-', 1)[0]}-{job.name}-{name.rsplit('-', 1)[1]}:2222" for name in names}
 
     layouts = {name: cluster_layout(cluster_spec(proto, name, hosts)) for name in names}
+    # The job spec in CLUSTER_SPEC tells each training replica its GPUs: a replica without them refuses to train.
+    assert vertex_gpus(cluster_spec(proto, "workerpool1-0", hosts)) == ("NVIDIA_L4", 2)
+    assert vertex_gpus(cluster_spec(proto, "workerpool2-0", hosts)) is None  # reducers have none
     chief_host = hosts["workerpool0-0"].split(":")[0]
     training = [layouts[n] for n in names[:4]]
     assert [(lay.role, lay.node_rank) for lay in training] == [("chief", 0), ("worker", 1), ("worker", 2), ("worker", 3)]

@@ -1,0 +1,219 @@
+"""The GPU and multi-process paths, on this CPU: what only a real GPU or a real failure would otherwise show.
+
+Each test pins one defect found by reading torch 2.13 and transformers 5.23 against the code: GPU capability and
+CUDA availability are patched where the hardware is missing; the fp16 grad scaler runs for real (CPU autocast
+has fp16); the multi-process cases are real torchrun processes over gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nli_helpers import hardware
+from nli_helpers.config import ConfigError, make_config
+from tests.helpers import ROOT, run_task
+
+CUDA = torch.device("cuda", 0)
+
+
+def fake_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+# -- 1. precision follows compute capability ---------------------------------------------------------------------
+@pytest.mark.parametrize("name, capability, auto", [
+    ("Tesla T4", (7, 5), "fp16"), ("Tesla V100-SXM2-16GB", (7, 0), "fp16"),
+    ("NVIDIA A100-SXM4-40GB", (8, 0), "bf16"), ("NVIDIA L4", (8, 9), "bf16"), ("NVIDIA H100 80GB HBM3", (9, 0), "bf16"),
+])
+def test_auto_precision_is_bf16_only_where_the_gpu_computes_it(monkeypatch, name, capability, auto):
+    fake_gpu(monkeypatch, name, capability)
+    assert hardware.resolve_precision("auto", CUDA) == auto
+    if auto == "fp16":  # torch.cuda.is_bf16_supported() says True here: it counts emulation
+        with pytest.raises(ConfigError, match=r"compute capability 7\.\d.*emulated, several times slower.*fp16"):
+            hardware.resolve_precision("bf16", CUDA)
+    assert hardware.resolve_precision("fp16", CUDA) == "fp16"
+    assert hardware.describe_hardware("auto", CUDA)["runs as"] == auto
+
+
+# -- 2. no GPU, no `full` run ---------------------------------------------------------------------------------------
+def test_full_profile_without_a_gpu_stops_at_once_before_loading_anything(tmp_path):
+    start = time.monotonic()
+    proc = run_task("--profile", "full", "--job-dir", str(tmp_path / "job"), env={"CUDA_VISIBLE_DEVICES": ""})
+    took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "profile full trains roberta-base on 393k pairs, which needs a CUDA GPU" in proc.stderr
+    assert "--profile smoke" in proc.stderr and "--allow-cpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert "data:" not in proc.stdout and not (tmp_path / "job").exists()  # nothing loaded, nothing written
+    assert took < 60, took  # the interpreter and torch's import, then the check
+
+
+def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_path, tiny_model_dir):
+    spec = {"cluster": {"workerpool0": ["127.0.0.1:2222"]}, "task": {"type": "workerpool0", "index": 0},
+            "job": {"worker_pool_specs": [{"machine_spec": {"machine_type": "g2-standard-8",
+                                                            "accelerator_type": "NVIDIA_L4", "accelerator_count": 1},
+                                           "replica_count": "1"}]}}
+    env = {"CLUSTER_SPEC": json.dumps(spec)}
+    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
+            "--max_train_samples", "16", "--job-dir", str(tmp_path / "job"))
+    proc = run_task(*args, env=env)
+    assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
+    assert hardware.vertex_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
+    forced = run_task(*args, "--allow-cpu", env=env)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+
+
+# -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
+def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_model_dir):
+    from nli_helpers import train
+    from nli_helpers.data import load_nli_splits, tokenize_splits
+    from nli_helpers.model import load_model_and_tokenizer
+
+    monkeypatch.setattr(train, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16
+    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
+                      max_eval_samples=16, log_every=1, warmup_ratio=0.25, progress=False, keep_checkpoints=0)
+
+    def run(poison: bool):
+        torch.manual_seed(0)
+        model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+        splits = load_nli_splits("sample", max_train_samples=64, max_eval_samples=16)
+        tokenized = tokenize_splits(splits, tokenizer, 64)
+        if poison:  # an overflow in the first backward: the grad scaler must skip that update
+            calls = []
+            param = next(model.parameters())
+            param.register_hook(lambda g: (calls.append(1), g * float("inf") if len(calls) == 1 else g)[1])
+        return train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"))
+
+    clean, skipped = run(False), run(True)
+    assert clean.metrics["train"]["skipped_steps"] == 0 and skipped.metrics["train"]["skipped_steps"] == 1
+    assert skipped.metrics["train"]["steps"] == clean.metrics["train"]["steps"] == 8  # 64 pairs / 8
+    # The schedule is the same at every applied step: the skipped one did not consume a learning-rate step.
+    assert [r["lr"] for r in skipped.history] == [r["lr"] for r in clean.history]
+    assert [r["step"] for r in skipped.history] == list(range(1, 9))
+
+
+# -- 4. the model trains in fp32 whatever it was saved in; an architecture without SDPA still loads ----------------
+def test_a_model_saved_in_half_precision_loads_in_fp32(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from nli_helpers.model import load_model_and_tokenizer
+
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).half().save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path)
+    model, _ = load_model_and_tokenizer(str(tmp_path))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    from nli_helpers.model import load_model_and_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = DebertaV2Config(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, intermediate_size=64, num_labels=3)
+    DebertaV2ForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, tok = load_model_and_tokenizer(str(tmp_path))  # DeBERTa has no SDPA in transformers 5.23
+    assert model.config._attn_implementation == "eager"
+    assert model(**tok(["a premise"], ["a hypothesis"], return_tensors="pt")).logits.shape == (1, 3)
+
+
+# -- 5. a resume that would change the run is refused --------------------------------------------------------------
+def torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    from tests.fake_vertex import free_port
+
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                           f"--master-port={free_port()}", "--module", "nli_helpers.task", *args],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model_dir):
+    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
+            "--batch_size", "8", "--max_train_samples", "48", "--precision", "fp32", "--checkpoint_every", "2",
+            "--no-progress", "--job-dir", str(tmp_path / "job"))
+    one = run_task(*args)  # checkpoints at steps 2 and 4 of 6, written by one process
+    assert one.returncode == 0, one.stderr[-2000:]
+    resumed = torchrun(*args, "--resume", "auto")
+    assert resumed.returncode != 0
+    assert "it was written by 1 process(es) and this run has 2" in resumed.stderr
+    assert "Resume with 1 process(es)" in resumed.stderr
+
+
+def test_resume_in_another_precision_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from nli_helpers.checkpoint import CheckpointError
+    from nli_helpers.train import TrainingLoop
+
+    cfg = make_config("smoke", data="sample")
+    loop = SimpleNamespace(cfg=cfg, info=SimpleNamespace(world_size=1), precision="fp16")
+    state = {"config": cfg.to_dict(), "world_size": 1, "precision": "bf16", "rng": [{}]}
+    with pytest.raises(CheckpointError, match="it trained in bf16 and this run would train in fp16.*--precision bf16"):
+        TrainingLoop._check_resumable(loop, "ckpt", state)
+
+
+def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one():
+    from nli_helpers.train import _rng_state, _set_rng_state
+
+    state = _rng_state(torch.device("cpu"))
+    torch.rand(3)
+    old_format = {"torch": state["torch"], "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}  # 8 saved GPUs
+    _set_rng_state(old_format, torch.device("cpu"))  # once indexed every saved GPU: fails without them
+    torch.set_rng_state(state["torch"])
+    expected = torch.rand(3)
+    _set_rng_state(state, torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected)
+
+
+# -- 6. a failure on rank 0 ends every rank within seconds, with rank 0's message ----------------------------------
+def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_model_dir):
+    start = time.monotonic()
+    proc = torchrun("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "2",
+                    "--batch_size", "8", "--max_train_samples", "32", "--precision", "fp32", "--no-progress",
+                    "--job-dir", str(tmp_path / "job"), "--checkpoint_dir", "/dev/null/checkpoints")
+    took = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "rank 0 failed, so rank 1 stops too: CheckpointError: could not write checkpoint" in proc.stderr
+    assert took < 120, took  # not the 30-minute collective timeout
+
+
+def test_torchrun_stopping_the_survivors_is_not_taken_for_a_preemption(monkeypatch, tmp_path):
+    from nli_helpers.train import stopped_by_torchrun_after_a_failure
+
+    monkeypatch.delenv("NLI_PREEMPTED_MARKERS", raising=False)
+    assert not stopped_by_torchrun_after_a_failure()  # plain torchrun or no launcher: a SIGTERM is a preemption
+    monkeypatch.setenv("NLI_PREEMPTED_MARKERS", str(tmp_path))
+    assert stopped_by_torchrun_after_a_failure()  # the launcher got no SIGTERM: torchrun is stopping us
+    (tmp_path / "launcher-sigterm").touch()
+    assert not stopped_by_torchrun_after_a_failure()
+
+
+# -- 7. the recipe's global batch, whatever the number of processes ---------------------------------------------
+def test_the_global_batch_does_not_change_with_the_number_of_processes(tmp_path, tiny_model_dir):
+    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
+            "--batch_size", "8", "--max_train_samples", "64", "--precision", "fp32", "--no-progress")
+    two = torchrun(*args, "--job-dir", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "batch: 8 pairs per optimizer step (global) = 2 process(es) x 4 x 1 accumulation step(s)" in two.stdout
+    train = json.loads((tmp_path / "two" / "metrics.json").read_text())["train"]
+    assert (train["global_batch"], train["per_process_batch"], train["processes"], train["steps"]) == (8, 4, 2, 8)
+    odd = torchrun(*args, "--batch_size", "9", "--job-dir", str(tmp_path / "odd"))
+    assert odd.returncode != 0
+    assert "batch_size=9 (the global batch) does not split over 2 process(es)" in odd.stderr
+
+
+def test_full_off_the_recipe_batch_warns():
+    from nli_helpers.train import batch_line
+
+    assert "warning" not in batch_line(make_config("full"), 8)
+    line = batch_line(make_config("full", batch_size=64), 2)
+    assert "warning: the reference recipe trains at a global batch of 32" in line
