@@ -198,6 +198,30 @@ class TrainConfig:
         return args[0] if args else hint
 
 
+# -- the global batch ---------------------------------------------------------------------
+def batch_split(cfg: TrainConfig, world_size: int) -> int:
+    """Examples each process takes per micro-batch: `batch_size` is the global batch, the same on any number of
+    processes (the recipe's 32 stays 32 on 8 GPUs), split over processes and accumulation steps."""
+    parts = world_size * cfg.grad_accum_steps
+    if cfg.batch_size % parts:
+        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over {world_size} "
+                          f"process(es) x {cfg.grad_accum_steps} accumulation step(s): use a multiple of {parts}")
+    return cfg.batch_size // parts
+
+
+RECIPE_GLOBAL_BATCH = 32  # the reference recipe's batch (full profile), for which its learning rate was tuned
+
+
+def batch_line(cfg: TrainConfig, world_size: int) -> str:
+    """How the global batch splits, and a warning when `full` leaves the recipe's batch."""
+    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} process(es) x "
+            f"{batch_split(cfg, world_size)} x {cfg.grad_accum_steps} accumulation step(s)")
+    if cfg.profile == "full" and cfg.batch_size != RECIPE_GLOBAL_BATCH:
+        line += (f"\nwarning: the reference recipe trains at a global batch of {RECIPE_GLOBAL_BATCH} (lr 2e-5 was "
+                 f"tuned for it); {cfg.batch_size} changes the recipe, retune --learning_rate")
+    return line
+
+
 # -- profiles ---------------------------------------------------------------------------
 def hub_reachable(timeout: float = 3.0) -> bool:
     """True when huggingface.co answers on port 443 and offline mode is not forced."""

@@ -16,6 +16,7 @@ the check is reproducible; on Vertex pip resolves the package's ranges instead, 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nli_helpers import storage
 from nli_helpers.config import NLIError, TrainConfig
 
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
@@ -66,6 +68,35 @@ def pinned_torch(constraints: str | Path | None = None) -> str:
     if not found:
         raise PackagingError(f"{constraints_file(constraints)} pins no torch==VERSION")
     return found.group(1)
+
+
+PACKAGE_PREFIX = "nli-packages"
+
+
+def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | None = None) -> Path:
+    """Run `python -m build --sdist` on the project and return the .tar.gz path."""
+    project = Path(project_dir) if project_dir else Path(__file__).resolve().parents[1]
+    if not (project / "pyproject.toml").is_file():
+        raise PackagingError(f"no pyproject.toml in {project}: build_sdist needs the project's source checkout")
+    out = Path(out_dir) if out_dir else project / "dist"
+    # A Jupyter kernel sets FORCE_COLOR, and `build` then wraps the file name in ANSI codes: ask for none, strip any.
+    env = {**{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")}, "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(project)],
+                          capture_output=True, text=True, env=env)
+    built = re.findall(r"Successfully built (\S+\.tar\.gz)", re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout))
+    if proc.returncode or not built:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise PackagingError(f"`python -m build --sdist` failed (is `build` installed? pip install build):\n{tail}")
+    return out / built[-1]
+
+
+def stage_package(sdist: str | Path, staging_bucket: str) -> str:
+    """Upload the sdist under gs://STAGING/nli-packages/<content hash>/ and return its gs:// URI."""
+    sdist = Path(sdist)
+    if not sdist.is_file():
+        raise PackagingError(f"package {sdist} does not exist: build it with packaging.build_sdist()")
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()[:12]  # same build, same URI: re-staging is harmless
+    return storage.upload(sdist, f"{staging_bucket.rstrip('/')}/{PACKAGE_PREFIX}/{digest}/{sdist.name}")[0]
 
 
 def sdist_members(sdist: str | Path) -> list[tuple[str, int]]:

@@ -6,6 +6,7 @@ Two small tables that `nli_helpers.vertex` checks a job against before it spends
     'g2-standard-8 comes with 1 x NVIDIA_L4 attached; use accelerator_type="NVIDIA_L4", accelerator_count=1'
     >>> print(estimate_cost("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=1, hours=2))
     about $1.68 = (n1-standard-8 $0.4370/h + 1 x NVIDIA_TESLA_T4 $0.4025/h) x 1 replica x 2 h ...
+    >>> print(estimate_job_cost(worker_pool_specs, hours=2))     # every pool of a Vertex job, summed
 
 The prices are APPROXIMATE on-demand list prices of Vertex AI custom training in us-central1, in USD per
 hour, transcribed from the pricing page (PRICE_SOURCE) as it stood in mid-2025 and NOT re-checked since:
@@ -205,3 +206,49 @@ def estimate_cost(machine_type: str, accelerator_type: str | None = None, accele
         gpu_price = ACCELERATOR_PRICES_PER_HOUR[accelerator_type]
     return CostEstimate(machine_type, MACHINE_PRICES_PER_HOUR[machine_type], accelerator_type,
                         accelerator_count if accelerator_type else 0, gpu_price, replica_count, hours)
+
+
+# -- every pool of a job ---------------------------------------------------------------------------------------
+POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")  # Vertex's workerpool0..3
+
+
+@dataclass(frozen=True)
+class JobCostEstimate:
+    """The cost of a whole job: one `CostEstimate` per worker pool, summed."""
+
+    pools: tuple[tuple[str, CostEstimate], ...]
+
+    @property
+    def per_hour(self) -> float:
+        return sum(est.per_hour for _, est in self.pools)
+
+    @property
+    def total(self) -> float:
+        return sum(est.total for _, est in self.pools)
+
+    def __str__(self) -> str:
+        hours = self.pools[0][1].hours
+        lines = [f"about ${self.total:.2f} = ${self.per_hour:.4f}/h x {hours:g} h, over every pool:"]
+        for name, est in self.pools:
+            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} ${est.machine_per_hour:.4f}/h"
+                         f"{gpu_text(est)}) = ${est.per_hour:.4f}/h")
+        lines.append(max((est.sources for _, est in self.pools), key=len))
+        return "\n".join(lines)
+
+
+def estimate_job_cost(worker_pool_specs: list[dict], hours: float = 1.0) -> JobCostEstimate:
+    """Price every worker pool of a job (chief, workers, reduction server) for `hours` from the table in pricing.py."""
+    parts = []
+    for i, pool in enumerate(worker_pool_specs):
+        spec = pool.get("machine_spec", {})
+        if not pool.get("replica_count"):
+            continue
+        try:
+            est = estimate_cost(spec["machine_type"], spec.get("accelerator_type"), spec.get("accelerator_count", 0),
+                                replica_count=pool["replica_count"], hours=hours)
+        except PricingError as err:
+            raise PricingError(f"workerpool{i} ({POOL_ROLES[i]}): {err}") from err
+        parts.append((f"workerpool{i} ({POOL_ROLES[i]})", est))
+    if not parts:
+        raise PricingError("no worker pool with replicas to price")
+    return JobCostEstimate(tuple(parts))

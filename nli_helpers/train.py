@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
 
 from .checkpoint import CheckpointError, checkpoint_root, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import ConfigError, NLIError, TrainConfig
+from .config import NLIError, TrainConfig, batch_line, batch_split
 from .data import LengthGroupedBatchSampler, load_nli_splits, tokenize_splits
 from .distributed import (
     SINGLE_PROCESS,
@@ -93,16 +93,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
     except RuntimeError:  # no fused kernel for this device or dtype
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
-
-
-def batch_split(cfg: TrainConfig, world_size: int) -> int:
-    """Examples each process takes per micro-batch: `batch_size` is the global batch, the same on any number of
-    processes (the recipe's 32 stays 32 on 8 GPUs), split over processes and accumulation steps."""
-    parts = world_size * cfg.grad_accum_steps
-    if cfg.batch_size % parts:
-        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over {world_size} "
-                          f"process(es) x {cfg.grad_accum_steps} accumulation step(s): use a multiple of {parts}")
-    return cfg.batch_size // parts
 
 
 def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device, *,
@@ -492,19 +482,6 @@ def _eval_row(step: int, epoch: int, scores: dict) -> dict:
 
 
 # -- the whole run: load, train, save ------------------------------------------------------------
-RECIPE_GLOBAL_BATCH = 32  # the reference recipe's batch (full profile), for which its learning rate was tuned
-
-
-def batch_line(cfg: TrainConfig, world_size: int) -> str:
-    """How the global batch splits, and a warning when `full` leaves the recipe's batch."""
-    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} process(es) x "
-            f"{batch_split(cfg, world_size)} x {cfg.grad_accum_steps} accumulation step(s)")
-    if cfg.profile == "full" and cfg.batch_size != RECIPE_GLOBAL_BATCH:
-        line += (f"\nwarning: the reference recipe trains at a global batch of {RECIPE_GLOBAL_BATCH} (lr 2e-5 was "
-                 f"tuned for it); {cfg.batch_size} changes the recipe, retune --learning_rate")
-    return line
-
-
 def default_job_dir() -> str:
     return os.environ.get("AIP_MODEL_DIR") or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
 

@@ -253,7 +253,7 @@ def build_tuning_job(cfg: TrainConfig, machine, space: Mapping[str, ParameterRan
                           f"({max_trial_count})")
     pools = trial_worker_pools(cfg, machine, space, metric, image_uri=image_uri, package_uri=package_uri,
                                executor_image_uri=executor_image_uri, region=region)
-    aiplatform = vertex._aiplatform()
+    aiplatform = vertex.aiplatform_sdk()
     name = display_name or f"nli-hp-{pd.Timestamp.now():%Y%m%d-%H%M%S}"
     trial_job = aiplatform.CustomJob(display_name=f"{name}-trial", worker_pool_specs=pools,
                                      base_output_dir=base_output_dir, labels=labels)
@@ -308,7 +308,7 @@ def submit_tuning_job(job, *, service_account: str | None = None, tensorboard: s
                                  f"{err.message}") from err
     except api_exceptions.GoogleAPICallError as err:
         raise vertex.VertexError(f"Vertex AI refused the tuning job ({err.code}): {err.message}") from err
-    submitted = vertex._aiplatform().HyperparameterTuningJob.get(created.name)
+    submitted = vertex.aiplatform_sdk().HyperparameterTuningJob.get(created.name)
     print(f"submitted {submitted.resource_name}\nlogs: {vertex.logs_url(submitted)}")
     return submitted
 
@@ -321,7 +321,7 @@ def tuning_results(job) -> pd.DataFrame:
     from . import vertex
 
     name = job if isinstance(job, str) else job.resource_name
-    proto = vertex._aiplatform().HyperparameterTuningJob.get(name).gca_resource
+    proto = vertex.aiplatform_sdk().HyperparameterTuningJob.get(name).gca_resource
     spec = proto.study_spec.metrics[0]
     metric, names = spec.metric_id, [p.parameter_id for p in proto.study_spec.parameters]
     rows = []

@@ -212,7 +212,7 @@ def test_the_global_batch_does_not_change_with_the_number_of_processes(tmp_path,
 
 
 def test_full_off_the_recipe_batch_warns():
-    from nli_helpers.train import batch_line
+    from nli_helpers.config import batch_line
 
     assert "warning" not in batch_line(make_config("full"), 8)
     line = batch_line(make_config("full", batch_size=64), 2)

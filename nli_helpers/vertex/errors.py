@@ -1,0 +1,21 @@
+"""The errors of the Vertex AI helpers: each message says what to do."""
+
+from __future__ import annotations
+
+from nli_helpers.config import NLIError
+
+
+class VertexError(NLIError):
+    """A Vertex AI step failed in a way the user can fix; the message says how."""
+
+
+class PreflightError(VertexError):
+    """One or more preflight checks failed: the job was not submitted."""
+
+
+class JobFailedError(VertexError):
+    """The job ended FAILED, CANCELLED or EXPIRED."""
+
+
+class NoPrebuiltImageError(VertexError):
+    """No prebuilt PyTorch training image matches this torch version."""
