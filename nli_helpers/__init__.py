@@ -19,7 +19,7 @@ __all__ = ["ConfigError", "NLIError", "TrainConfig", "make_config", "run_trainin
 def __getattr__(name: str):
     # Lazy, so `import nli_helpers` (and `--help`) stays fast.
     if name == "run_training":
-        from .train import run_training
+        from .run import run_training
 
         return run_training
     if name == "predict":

@@ -1,4 +1,4 @@
-"""Checkpoints that survive preemption: written atomically, found again with `--resume auto`.
+"""Checkpoints that survive preemption: written atomically, found again with `--resume auto`, resumed exactly.
 
 A checkpoint is a directory `checkpoint-<step>` holding the model weights (`model.safetensors`),
 the training state (`training_state.pt`: optimizer, scheduler, grad scaler, every RNG state, the
@@ -9,6 +9,11 @@ Only a checkpoint with a manifest counts. Locally the directory is written under
 and renamed when complete; on `gs://` the files are uploaded first and the manifest last. So a
 job killed mid-write (SIGKILL, full disk, lost VM) leaves nothing that `latest_checkpoint` would
 pick up. The newest `keep` checkpoints are kept.
+
+The loop's side: `save_training` gathers every rank's RNG and has rank 0 write (a failure there stops every
+rank); `resume_training` refuses a checkpoint that would train another run (changed settings, another number of
+processes, another precision) and restores the optimizer, schedule, grad scaler, this rank's RNG and the loop's
+position.
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from .config import NLIError
+from .config import NLIError, TrainConfig
+from .distributed import DistInfo, all_gather_objects, on_main_process
 
 WEIGHTS, STATE, MANIFEST = "model.safetensors", "training_state.pt", "manifest.json"
+# Fields that must match for a resumed run to continue the same trajectory.
+RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_steps", "learning_rate",
+                   "weight_decay", "warmup_ratio", "max_length", "seed", "group_by_length",
+                   "fraction_of_train_data", "max_train_samples")
+# The loop's position, saved and restored as plain values (train.LoopState's fields).
+PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")
 
 
@@ -154,3 +166,62 @@ def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
         return torch.load(directory / STATE, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match this model") from e
+
+
+# -- the training loop's state ------------------------------------------------------------------------------------
+def save_training(root: str, keep: int, step: int, model, optimizer, scheduler, scaler, progress: dict,
+                  cfg: TrainConfig, info: DistInfo, device: torch.device, precision: str) -> str:
+    """Checkpoint the loop (every rank calls this; rank 0 writes, and its failure raises on every rank)."""
+    rng = all_gather_objects(rng_state(device), info)
+    state = {**{k: progress[k] for k in PROGRESS}, "world_size": info.world_size, "precision": precision,
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+             "rng": rng, "config": cfg.to_dict()}
+    return on_main_process(lambda: save_checkpoint(root, step, model, state, keep), info)
+
+
+def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainConfig, info: DistInfo,
+                    device: torch.device, precision: str) -> dict:
+    """Load a checkpoint into the model and the optimizer, schedule, scaler and RNG; return the loop's position."""
+    state = load_checkpoint(path, model)
+    check_resumable(path, state, cfg, info.world_size, precision)
+    model.to(device)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"][info.rank], device)
+    return {k: state.get(k, 0) for k in PROGRESS}
+
+
+def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str) -> None:
+    """Refuse a resume that would silently train another run: changed settings, process count or precision."""
+    saved = state["config"]
+    changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL if saved.get(k) != getattr(cfg, k)]
+    if changed:
+        raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; "
+                              "resume with the same settings or start a new job dir")
+    world = state.get("world_size", len(state["rng"]))
+    if world != world_size:
+        raise CheckpointError(f"cannot resume from {path}: it was written by {world} process(es) and this run has "
+                              f"{world_size}; each process's share of the data and its random state would change. "
+                              f"Resume with {world} process(es) (torchrun --nproc-per-node, the same machines), or "
+                              "start a new job dir")
+    saved_precision = state.get("precision", precision)
+    if saved_precision != precision:
+        raise CheckpointError(f"cannot resume from {path}: it trained in {saved_precision} and this run would train "
+                              f"in {precision} (another GPU, or --precision); pass --precision {saved_precision} "
+                              "where the hardware has it, or start a new job dir")
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's RNG: the CPU generator and, on a GPU, its own device's (not every visible GPU's)."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # checkpoints before 2026-11 kept every visible GPU's state
+        cuda = cuda[device.index or 0] if device.type == "cuda" and len(cuda) > (device.index or 0) else None
+    if cuda is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)

@@ -7,6 +7,8 @@ built on google-cloud-storage:
     >>> upload("runs/smoke", "gs://my-bucket/runs/smoke")        # a directory, recursively
     >>> download("gs://my-bucket/runs/smoke/metrics.json", "metrics.json")
     >>> copy(src, dst)                                              # any of local/gs:// -> local/gs://
+    >>> with local_copy("gs://b/data.jsonl") as path: ...          # a gs:// input as a local file, cleaned up
+    >>> with staged_output("gs://b/runs/1/model") as folder: ...  # written locally, uploaded, cleaned up
 
 A `gs://bucket/dir` URI names the object `dir` or, when there is none, everything under `dir/`
 (a "directory"; Cloud Storage has only object names). Uploads are verified against the server's
@@ -166,6 +168,41 @@ def upload(local_path: str | os.PathLike[str], uri: str) -> list[str]:
             verify_upload(file, blob)
             uris.append(f"{GCS_SCHEME}{bucket_name}/{name}")
     return uris
+
+
+@contextlib.contextmanager
+def local_copy(source: str | os.PathLike[str], *, suffix: str = "", staging: str | None = None) -> Iterator[Path]:
+    """A local path for `source`: the path itself, or a gs:// object or "directory" downloaded into a temporary
+    folder (under `staging`, e.g. /dev/shm) that is removed when the block ends. The one place a gs:// input becomes
+    a local file: data files, models, checkpoints all come through here.
+
+        >>> with local_copy("gs://b/runs/1/model") as path:
+        ...     model = load(path)
+    """
+    if not is_gcs_uri(source):
+        yield Path(source)
+        return
+    with tempfile.TemporaryDirectory(prefix="nli-gcs-", dir=staging) as tmp:
+        name = split_gcs_uri(str(source))[1].rstrip("/").rsplit("/", 1)[-1] or "object"
+        yield download(str(source), Path(tmp) / f"{name}{suffix}")
+
+
+@contextlib.contextmanager
+def staged_output(target: str | os.PathLike[str], *, staging: str | None = None) -> Iterator[Path]:
+    """A local folder to write `target`'s files into: `target` itself, or, for a gs:// target, a temporary folder
+    that is uploaded to it when the block ends without an error, then removed. The one place a gs:// output is
+    written from: runs, checkpoints, predictions and TensorBoard logs all go through here.
+
+        >>> with staged_output("gs://b/runs/1/model") as folder:
+        ...     model.save_pretrained(folder)
+    """
+    if not is_gcs_uri(target):
+        Path(target).mkdir(parents=True, exist_ok=True)
+        yield Path(target)
+        return
+    with tempfile.TemporaryDirectory(prefix="nli-gcs-", dir=staging) as tmp:
+        yield Path(tmp)
+        upload(tmp, str(target))
 
 
 def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[str]:

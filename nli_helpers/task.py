@@ -60,7 +60,8 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .train import Preempted, run_training  # torch and transformers load after the arguments are checked
+    from .run import run_training  # torch and transformers load after the arguments are checked
+    from .train import Preempted
 
     try:
         cfg = config_from_args(argv)

@@ -7,8 +7,8 @@ Two `TrainCallback`s for `run_training(cfg, callbacks=[...])`:
   `torch.utils.tensorboard.SummaryWriter`. A `gs://` log dir is written locally and uploaded (with
   `nli_helpers.storage`) after every evaluation and at the end. Look at it with
   `tensorboard --logdir <job_dir>/tensorboard`.
-* `HypertuneCallback(metric)`: after every evaluation, appends the chosen validation metric to the file
-  that Vertex AI hyperparameter tuning reads (the `cloudml-hypertune` protocol, below).
+* `HypertuneCallback(metric)`: after every evaluation, reports the chosen validation metric to Vertex AI
+  hyperparameter tuning with `cloudml-hypertune` (below).
 
 `run_training` attaches them itself through `default_callbacks(cfg, job_dir)`, so the trainer command,
 the notebooks and Vertex AI jobs all get them: TensorBoard always (to `$AIP_TENSORBOARD_LOG_DIR` when Vertex
@@ -18,38 +18,28 @@ asks for it. A callback of the same kind that you pass yourself replaces the def
 
     >>> run_training(cfg, callbacks=[TensorBoardCallback("gs://my-bucket/tb/run-1")])
 
-The hypertune protocol. This module writes the file itself, in exactly the format of the
-`cloudml-hypertune` package (0.1.0.dev6, `hypertune.HyperTune.report_hyperparameter_tuning_metric`), so the
-training image needs no extra package: the file `$CLOUD_ML_HP_METRIC_FILE` (default
-`/tmp/hypertune/output.metrics`) holds the last 100 reports, rewritten whole after each, one JSON object
-per line with sorted keys and string values::
-
-    {"checkpoint_path": "", "global_step": "40", "timestamp": 1732243200.5, "trial": "3",
-     "validation_matched_accuracy": "0.8125"}
-
-The key that carries the value is the metric id of the tuning job's `metric_spec`
-(`validation_matched_accuracy` by default); `trial` is `$CLOUD_ML_TRIAL_ID` ("0" outside a trial).
-Vertex AI passes each trial's hyperparameters as `--<name>=<value>` arguments and sets `AIP_MODEL_DIR`,
-`AIP_CHECKPOINT_DIR` and `AIP_TENSORBOARD_LOG_DIR` under `<base_output_dir>/<trial_id>/`; the legacy AI
-Platform also set `$CLOUD_ML_HP_METRIC_TAG`, which is used as the metric id when present and no
-`hypertune_metric` is given.
+The hypertune report goes through Google's `cloudml-hypertune` package (`hypertune.HyperTune`), the one the
+prebuilt training images carry: it keeps the last 100 reports in `$CLOUD_ML_HP_METRIC_FILE` (default
+`/tmp/hypertune/output.metrics`), one JSON object per line, which Vertex AI reads. The metric id is the tuning
+job's `metric_spec` key (`validation_matched_accuracy` by default). Vertex AI passes each trial's
+hyperparameters as `--<name>=<value>` arguments and sets `AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR` and
+`AIP_TENSORBOARD_LOG_DIR` under `<base_output_dir>/<trial_id>/`; the legacy AI Platform also set
+`$CLOUD_ML_HP_METRIC_TAG`, used as the metric id when present and no `hypertune_metric` is given.
 """
 
 from __future__ import annotations
 
-import collections
 import importlib.util
 import json
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import storage
+from .callbacks import TrainCallback
 from .config import ConfigError, TrainConfig
-from .train import TrainCallback
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +48,8 @@ TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
 METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"
 METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"
 TENSORBOARD_ENV = "AIP_TENSORBOARD_LOG_DIR"
-DEFAULT_METRIC_FILE = "/tmp/hypertune/output.metrics"
-MAX_METRIC_ENTRIES = 100  # as cloudml-hypertune keeps
-# Scores `train.evaluate` computes per split that a tuning job may optimise.
+DEFAULT_METRIC_FILE = "/tmp/hypertune/output.metrics"  # cloudml-hypertune's default
+# Scores the loop computes per split (metrics.classification_scores) that a tuning job may optimise.
 TUNABLE_SCORES = ("accuracy", "macro_f1")
 DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
@@ -84,11 +73,6 @@ def parse_hypertune_metric(metric: str) -> tuple[str, str]:
     return split, score
 
 
-def metric_file_path(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    return Path(env.get(METRIC_FILE_ENV) or DEFAULT_METRIC_FILE)
-
-
 def in_tuning_trial(env: Mapping[str, str] | None = None) -> bool:
     """True inside a Vertex AI hyperparameter-tuning trial."""
     env = os.environ if env is None else env
@@ -96,15 +80,16 @@ def in_tuning_trial(env: Mapping[str, str] | None = None) -> bool:
 
 
 class HypertuneCallback(TrainCallback):
-    """Report one validation metric to Vertex AI hyperparameter tuning after every evaluation."""
+    """Report one validation metric to Vertex AI hyperparameter tuning after every evaluation, through Google's
+    `cloudml-hypertune` package (it reads $CLOUD_ML_HP_METRIC_FILE and $CLOUD_ML_TRIAL_ID)."""
 
-    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC, *, env: Mapping[str, str] | None = None):
-        env = os.environ if env is None else env
+    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
+        import hypertune
+
         self.metric = metric
         self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
-        self.path = metric_file_path(env)
-        self.trial_id = str(env.get(TRIAL_ID_ENV, 0))
-        self.reports: collections.deque = collections.deque(maxlen=MAX_METRIC_ENTRIES)
+        self.reporter = hypertune.HyperTune()
+        self.path = Path(self.reporter.metric_path)
 
     def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
         if self.split not in scores:
@@ -113,11 +98,8 @@ class HypertuneCallback(TrainCallback):
         self.report(scores[self.split][self.score], step)
 
     def report(self, value: float, step: int) -> None:
-        """Append one report and rewrite the file, as cloudml-hypertune does."""
-        self.reports.append({"timestamp": time.time(), "trial": self.trial_id, self.metric: str(float(value)),
-                             "global_step": str(int(step) if step else 0), "checkpoint_path": ""})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.reports))
+        self.reporter.report_hyperparameter_tuning_metric(hyperparameter_metric_tag=self.metric, metric_value=value,
+                                                          global_step=step)
 
 
 def read_metric_file(path: str | Path, metric: str | None = None) -> list[dict]:
@@ -153,7 +135,7 @@ class TensorBoardCallback(TrainCallback):
     def __init__(self, log_dir: str | Path):
         self.log_dir = str(log_dir)
         self.remote = storage.is_gcs_uri(self.log_dir)
-        self.local_dir: Path | None = None
+        self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir is written here, then uploaded
         self._writer = None
 
     @property
@@ -161,8 +143,9 @@ class TensorBoardCallback(TrainCallback):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.local_dir = Path(tempfile.mkdtemp(prefix="nli-tensorboard-")) if self.remote else Path(self.log_dir)
-            self._writer = SummaryWriter(str(self.local_dir), flush_secs=30)
+            if self.remote:
+                self.staging = tempfile.TemporaryDirectory(prefix="nli-tensorboard-")
+            self._writer = SummaryWriter(self.staging.name if self.remote else self.log_dir, flush_secs=30)
         return self._writer
 
     def on_log(self, rows: list[dict]) -> None:
@@ -188,12 +171,14 @@ class TensorBoardCallback(TrainCallback):
             return
         self._writer.flush()
         if self.remote:
-            storage.upload(self.local_dir, self.log_dir)
+            storage.upload(self.staging.name, self.log_dir)
 
     def close(self) -> None:
         self.sync()
         if self._writer is not None:
             self._writer.close()
+        if self.staging is not None:
+            self.staging.cleanup()
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -221,5 +206,5 @@ def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCa
             log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
     metric = cfg.hypertune_metric
     if (metric or in_tuning_trial(env)) and not any(isinstance(c, HypertuneCallback) for c in given):
-        out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC, env=env))
+        out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC))
     return out

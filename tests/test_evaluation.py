@@ -13,7 +13,7 @@ from nli_helpers import evaluation, storage
 from nli_helpers.config import make_config
 from nli_helpers.data import LABELS, DataError
 from nli_helpers.model import ModelError, predict_proba
-from nli_helpers.train import run_training
+from nli_helpers.run import run_training
 
 
 @pytest.fixture(scope="module")

@@ -148,29 +148,25 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model
     assert "Resume with 1 process(es)" in resumed.stderr
 
 
-def test_resume_in_another_precision_is_refused(tmp_path):
-    from types import SimpleNamespace
-
-    from nli_helpers.checkpoint import CheckpointError
-    from nli_helpers.train import TrainingLoop
+def test_resume_in_another_precision_is_refused():
+    from nli_helpers.checkpoint import CheckpointError, check_resumable
 
     cfg = make_config("smoke", data="sample")
-    loop = SimpleNamespace(cfg=cfg, info=SimpleNamespace(world_size=1), precision="fp16")
     state = {"config": cfg.to_dict(), "world_size": 1, "precision": "bf16", "rng": [{}]}
     with pytest.raises(CheckpointError, match="it trained in bf16 and this run would train in fp16.*--precision bf16"):
-        TrainingLoop._check_resumable(loop, "ckpt", state)
+        check_resumable("ckpt", state, cfg, 1, "fp16")
 
 
 def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one():
-    from nli_helpers.train import _rng_state, _set_rng_state
+    from nli_helpers.checkpoint import rng_state, set_rng_state
 
-    state = _rng_state(torch.device("cpu"))
+    state = rng_state(torch.device("cpu"))
     torch.rand(3)
     old_format = {"torch": state["torch"], "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}  # 8 saved GPUs
-    _set_rng_state(old_format, torch.device("cpu"))  # once indexed every saved GPU: fails without them
+    set_rng_state(old_format, torch.device("cpu"))  # once indexed every saved GPU: fails without them
     torch.set_rng_state(state["torch"])
     expected = torch.rand(3)
-    _set_rng_state(state, torch.device("cpu"))
+    set_rng_state(state, torch.device("cpu"))
     assert torch.equal(torch.rand(3), expected)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from nli_helpers import storage, tracking
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.train import run_training
+from nli_helpers.run import run_training
 
 TRIAL_ID = "5"
 
@@ -44,26 +44,6 @@ def test_a_trial_reports_the_metric_after_every_evaluation(trial_run):
         assert float(line["validation_matched_accuracy"]) == ev["validation_matched"]["accuracy"]
     assert [r["value"] for r in tracking.read_metric_file(metric_file, "validation_matched_accuracy")] == \
         [e["validation_matched"]["accuracy"] for e in evals]
-
-
-def test_the_metric_file_is_what_cloudml_hypertune_writes(tmp_path, monkeypatch):
-    hypertune = pytest.importorskip("hypertune")
-    monkeypatch.setenv("CLOUD_ML_TRIAL_ID", "9")
-    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "theirs" / "output.metrics"))
-    theirs = hypertune.HyperTune()
-    for step, value in ((10, 0.5), (20, 0.625)):
-        theirs.report_hyperparameter_tuning_metric("validation_mismatched_macro_f1", value, global_step=step)
-    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "ours" / "output.metrics"))
-    ours = tracking.HypertuneCallback("validation_mismatched_macro_f1")
-    for step, value in ((10, 0.5), (20, 0.625)):
-        ours.on_evaluate(step, 0, {"validation_mismatched": {"accuracy": 0.0, "macro_f1": value}})
-
-    def without_time(path):
-        return [{k: v for k, v in json.loads(line).items() if k != "timestamp"}
-                for line in path.read_text().splitlines()]
-
-    assert without_time(tmp_path / "ours" / "output.metrics") == without_time(tmp_path / "theirs" / "output.metrics")
-    assert (tmp_path / "ours" / "output.metrics").read_text().splitlines()[0].startswith('{"checkpoint_path": ""')
 
 
 def test_tensorboard_events_hold_every_scalar(trial_run):
@@ -100,7 +80,7 @@ def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
     assert scalars["throughput/examples_per_s"] == [(2, 50.0)]
 
 
-def test_default_callbacks_follow_the_environment(tmp_path):
+def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
     cfg = make_config("smoke")
     local = tracking.default_callbacks(cfg, str(tmp_path / "job"), env={})
     assert [type(c) for c in local] == [tracking.TensorBoardCallback]
@@ -109,12 +89,15 @@ def test_default_callbacks_follow_the_environment(tmp_path):
 
     env = {"CLOUD_ML_TRIAL_ID": "2", "AIP_TENSORBOARD_LOG_DIR": "gs://b/hp/2/logs/",
            "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}
-    board, report = tracking.default_callbacks(cfg, "gs://b/hp/2/model/", env=env)
+    for name, value in env.items():  # a trial's environment, which cloudml-hypertune reads
+        monkeypatch.setenv(name, value)
+    board, report = tracking.default_callbacks(cfg, "gs://b/hp/2/model/")
     assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
-    assert report.metric == "validation_mismatched_accuracy" and report.trial_id == "2"
+    assert report.metric == "validation_mismatched_accuracy" and report.reporter.trial_id == "2"
+    assert report.path == tmp_path / "m"
 
     asked = make_config("smoke", hypertune_metric="validation_matched_macro_f1")
-    (report,) = tracking.default_callbacks(asked, "job", given=[board], env=env)  # no second TensorBoard
+    (report,) = tracking.default_callbacks(asked, "job", given=[board])  # no second TensorBoard
     assert (report.split, report.score) == ("validation_matched", "macro_f1")  # the config wins over the tag
 
 
@@ -125,10 +108,11 @@ def test_default_callbacks_follow_the_environment(tmp_path):
 ])
 def test_a_metric_not_on_a_validation_split_is_refused(metric, message):
     with pytest.raises(ConfigError, match=message):
-        tracking.HypertuneCallback(metric, env={})
+        tracking.HypertuneCallback(metric)
 
 
-def test_a_missing_split_names_the_splits_there_are(tmp_path):
-    cb = tracking.HypertuneCallback("validation_mismatched_accuracy", env={"CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")})
+def test_a_missing_split_names_the_splits_there_are(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "m"))
+    cb = tracking.HypertuneCallback("validation_mismatched_accuracy")
     with pytest.raises(ConfigError, match="evaluates only validation_matched"):
         cb.on_evaluate(4, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.5}})
