@@ -146,13 +146,10 @@ def latest_checkpoint(root: str) -> str | None:
 
 def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     """Load weights into `model` and return the training state (never through pickle)."""
-    if _is_gcs(path):
-        from . import storage
+    from . import storage
 
-        with tempfile.TemporaryDirectory(prefix="nli-ckpt-", dir=staging_dir()) as local:
-            storage.download(path, local)
-            return _load_local(local, model, shown=path)
-    return _load_local(path, model, shown=path)
+    with storage.local_copy(path, staging=staging_dir()) as local:
+        return _load_local(str(local), model, shown=path)
 
 
 def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:

@@ -24,8 +24,6 @@ import json
 import logging
 import math
 import re
-import shutil
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -422,17 +420,11 @@ def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: 
 def _load_gcs(uri: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
     from . import storage
 
-    local = Path(tempfile.mkdtemp(prefix="nli-data-"))
-    name = uri.rstrip("/").rsplit("/", 1)[-1]
-    is_file = any(name.endswith(s) or name.endswith(s + ".gz") for s in SUFFIXES)
-    target = local / name if is_file else local / "data"
-    try:
-        storage.download(uri, target)
-        return _load_frames(str(target), report, eval_fraction, seed)
-    except DataError as e:  # name the object the user passed, not the temporary copy
-        raise DataError(str(e).replace(str(target), uri.rstrip("/"))) from e
-    finally:
-        shutil.rmtree(local, ignore_errors=True)  # the frames are in memory now
+    with storage.local_copy(uri.rstrip("/")) as local:  # the frames are in memory once it is removed
+        try:
+            return _load_frames(str(local), report, eval_fraction, seed)
+        except DataError as e:  # name the object the user passed, not the temporary copy
+            raise DataError(str(e).replace(str(local), uri.rstrip("/"))) from e
 
 
 def _load_hub(name: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:

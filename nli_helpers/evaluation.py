@@ -14,7 +14,6 @@ and come back in input order. Scores come from `metrics.classification_scores`, 
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +39,7 @@ class TrainedModel:
 
     model: torch.nn.Module
     tokenizer: object
-    path: Path
-    source: str
+    source: str  # where it was loaded from: a local folder or gs://
     config: TrainConfig | None = None
     metrics: dict | None = None
 
@@ -49,15 +47,13 @@ class TrainedModel:
 def load_trained(source: str | Path, device: str | None = None) -> TrainedModel:
     """Load a run directory written by `run_training` (or any saved classifier) from a local path or gs://."""
     source = str(source)
-    path = Path(source).expanduser()
-    if storage.is_gcs_uri(source):
-        path = Path(tempfile.mkdtemp(prefix="nli-model-"))
-        storage.download(source.rstrip("/"), path)
-    model, tokenizer = load_model_and_tokenizer(str(path))  # a clear ModelError for a wrong path
+    with storage.local_copy(source.rstrip("/") if storage.is_gcs_uri(source) else Path(source).expanduser()) as path:
+        model, tokenizer = load_model_and_tokenizer(str(path))  # a clear ModelError for a wrong path
+        cfg_file, metrics_file = path / "train_config.json", path / "metrics.json"
+        cfg = _saved_config(cfg_file) if cfg_file.is_file() else None
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
-    cfg_file, metrics_file = path / "train_config.json", path / "metrics.json"
-    return TrainedModel(model, tokenizer, path, source, _saved_config(cfg_file) if cfg_file.is_file() else None,
-                        json.loads(metrics_file.read_text()) if metrics_file.is_file() else None)
+    return TrainedModel(model, tokenizer, source, cfg, metrics)
 
 
 def _saved_config(path: Path) -> TrainConfig | None:
@@ -92,10 +88,8 @@ def read_pairs(path: str | Path, *, labelled: bool = False) -> pd.DataFrame:
     """Pairs from a jsonl/csv/tsv/parquet file (local or gs://). `labelled`: labels as ids, unlabelled rows dropped;
     otherwise only premise and hypothesis are needed and every row is kept."""
     source = str(path)
-    local = Path(source)
-    if storage.is_gcs_uri(source):
-        local = storage.download(source, Path(tempfile.mkdtemp(prefix="nli-pairs-")) / source.rsplit("/", 1)[-1])
-    df = read_table(local)
+    with storage.local_copy(source) as local:
+        df = read_table(local)
     if labelled:
         return normalise_frame(df, source, LoadReport(source))
     df = df.rename(columns={k: v for k, v in COLUMN_ALIASES.items() if v not in df.columns})
@@ -138,18 +132,14 @@ def predict_file(trained: TrainedModel, source: str | Path, output: str | Path, 
     df = read_pairs(source)
     table = predictions_table(trained, list(zip(df["premise"], df["hypothesis"])), batch_size=batch_size,
                               max_length=max_length, progress=progress)
-    remote = storage.is_gcs_uri(str(output))
-    local = Path(tempfile.mkdtemp(prefix="nli-predict-")) / "predictions.jsonl" if remote else Path(output)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    with open(local, "w", encoding="utf-8") as f:
+    folder, _, name = str(output).rstrip("/").rpartition("/")
+    with storage.staged_output(folder or ".") as staged, open(staged / name, "w", encoding="utf-8") as f:
         for i, row in table.iterrows():
             line = {"premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["predicted"],
                     "probs": {label: round(float(row[f"p_{label}"]), 6) for label in LABELS}}
             line.update({key: _plain(df.at[i, col]) for key, col in (("gold_label", "label"), ("genre", "genre"))
                          if col in df.columns})
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    if remote:
-        storage.upload(local, str(output))
     return {"output": str(output), "pairs": len(table), "labels": table["predicted"].value_counts().to_dict()}
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 from google.cloud import storage as gcs
 
+from nli_helpers import storage
 from nli_helpers.config import NLIError
 from nli_helpers.storage import (
     StorageError,
@@ -310,3 +311,32 @@ def test_client_without_credentials_explains_how_to_log_in(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert "gcloud auth application-default login" in result.stdout
     assert "GOOGLE_APPLICATION_CREDENTIALS" in result.stdout
+
+
+def test_local_copy_gives_a_gs_object_as_a_local_file_and_removes_it_afterwards(gcs_bucket, tmp_path):
+    source = tmp_path / "pairs.jsonl"
+    source.write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n')
+    upload(source, f"gs://{gcs_bucket}/data/pairs.jsonl")
+    with storage.local_copy(f"gs://{gcs_bucket}/data/pairs.jsonl") as local:
+        assert local.name == "pairs.jsonl" and local.read_text() == source.read_text()
+    assert not local.exists() and not local.parent.exists()  # the temporary folder is gone
+    with storage.local_copy(source) as same:  # a local path passes through untouched
+        assert same == source
+    assert source.exists()
+
+
+def test_staged_output_uploads_on_success_only_and_cleans_up(gcs_bucket, tmp_path):
+    target = f"gs://{gcs_bucket}/runs/ok"
+    with storage.staged_output(target) as folder:
+        (folder / "metrics.json").write_text("{}")
+        (folder / "sub").mkdir()
+        (folder / "sub" / "x.txt").write_text("x")
+    assert sorted(storage.list_uris(target)) == [f"{target}/metrics.json", f"{target}/sub/x.txt"]
+    assert not folder.exists()
+    with pytest.raises(RuntimeError), storage.staged_output(f"gs://{gcs_bucket}/runs/failed") as folder:
+        (folder / "half.txt").write_text("half")
+        raise RuntimeError("the run failed")
+    assert storage.list_uris(f"gs://{gcs_bucket}/runs/failed") == [] and not folder.exists()
+    with storage.staged_output(tmp_path / "local" / "run") as here:  # a local target is written in place
+        (here / "a.txt").write_text("a")
+    assert (tmp_path / "local" / "run" / "a.txt").read_text() == "a"
