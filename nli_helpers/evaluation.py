@@ -21,15 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from . import storage
 from .config import ConfigError, NLIError, TrainConfig
 from .data import COLUMN_ALIASES, LABELS, DataError, LoadReport, load_nli_splits, normalise_frame, read_table
 from .metrics import classification_scores
-from .model import load_model_and_tokenizer, predict_proba
-
-PROB_COLUMNS = [f"p_{label}" for label in LABELS]
+from .model import PROB_COLUMNS, load_model_and_tokenizer, predict
 
 
 # -- the model --------------------------------------------------------------------------------------------
@@ -100,38 +97,14 @@ def read_pairs(path: str | Path, *, labelled: bool = False) -> pd.DataFrame:
     return df.assign(premise=df["premise"].astype(str), hypothesis=df["hypothesis"].astype(str)).reset_index(drop=True)
 
 
-# -- predicting --------------------------------------------------------------------------------------------------
-def predict_probs(trained: TrainedModel, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
-                  max_length: int = 128, progress: bool = True) -> np.ndarray:
-    """Label probabilities (n, 3) in input order; batches of similar length, with a progress bar."""
-    pairs = list(pairs)
-    order = np.argsort([len(p) + len(h) for p, h in pairs], kind="stable")
-    probs = np.zeros((len(pairs), len(LABELS)), dtype=np.float32)
-    starts = range(0, len(pairs), batch_size)
-    for start in tqdm(starts, desc="predict", unit="batch", disable=not progress or len(starts) < 2):
-        idx = order[start:start + batch_size]
-        batch = [pairs[i] for i in idx]
-        probs[idx] = predict_proba(trained.model, trained.tokenizer, batch, batch_size=batch_size,
-                                   max_length=max_length).numpy()
-    return probs
-
-
-def predictions_table(trained: TrainedModel, pairs: Sequence[tuple[str, str]], **kwargs) -> pd.DataFrame:
-    """premise, hypothesis, predicted label, confidence and one probability column per label."""
-    probs = predict_probs(trained, pairs, **kwargs)
-    table = pd.DataFrame(list(pairs), columns=["premise", "hypothesis"])
-    table["predicted"] = [LABELS[i] for i in probs.argmax(1)] if len(table) else []
-    table["confidence"] = probs.max(1) if len(table) else []
-    return pd.concat([table, pd.DataFrame(probs, columns=PROB_COLUMNS)], axis=1)
-
-
+# -- predicting ----------------------------------------------------------------------------------------------------
 def predict_file(trained: TrainedModel, source: str | Path, output: str | Path, *, batch_size: int = 64,
                  max_length: int = 128, progress: bool = True) -> dict:
     """Label every pair of a file and write JSONL (local or gs://), one line per input row, in order:
     {"premise", "hypothesis", "label": predicted, "probs": {label: p}} plus "gold_label" / "genre" when present."""
     df = read_pairs(source)
-    table = predictions_table(trained, list(zip(df["premise"], df["hypothesis"])), batch_size=batch_size,
-                              max_length=max_length, progress=progress)
+    table = predict(list(zip(df["premise"], df["hypothesis"])), trained, batch_size=batch_size, max_length=max_length,
+                    progress=progress, as_table=True)
     folder, _, name = str(output).rstrip("/").rpartition("/")
     with storage.staged_output(folder or ".") as staged, open(staged / name, "w", encoding="utf-8") as f:
         for i, row in table.iterrows():
@@ -160,7 +133,7 @@ class Evaluation:
 
 def evaluate_frame(trained: TrainedModel, df: pd.DataFrame, name: str = "pairs", **kwargs) -> Evaluation:
     """Predict a labelled table (premise, hypothesis, label ids, optional genre) and score it."""
-    table = predictions_table(trained, list(zip(df["premise"], df["hypothesis"])), **kwargs)
+    table = predict(list(zip(df["premise"], df["hypothesis"])), trained, as_table=True, **kwargs)
     labels = df["label"].to_numpy()
     preds = table[PROB_COLUMNS].to_numpy().argmax(1)
     genres = df["genre"].tolist() if "genre" in df.columns else None
@@ -184,16 +157,6 @@ def metrics_of(evals: Mapping[str, Evaluation]) -> dict[str, dict]:
     return {name: ev.scores for name, ev in evals.items()}
 
 
-def scores_table(evals: Mapping[str, Evaluation], baseline: Mapping[str, dict] | None = None) -> pd.DataFrame:
-    """One row per split: pairs, accuracy, macro-F1, ECE, and the hypothesis-only baseline's accuracy if given."""
-    rows = {name: {"pairs": ev.scores["n"], "accuracy": ev.scores["accuracy"], "macro_f1": ev.scores["macro_f1"],
-                   "ece": ev.scores["ece"]} for name, ev in evals.items()}
-    for name, row in rows.items():
-        if baseline and name in baseline:
-            row["hypothesis_only_accuracy"] = baseline[name]["accuracy"]
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
 # -- calibration ---------------------------------------------------------------------------------------------------
 def calibration_table(probs: np.ndarray, labels: Sequence[int], n_bins: int = 10) -> pd.DataFrame:
     """Pairs binned by the model's confidence (its top probability): mean confidence vs accuracy per bin.
@@ -215,26 +178,6 @@ def expected_calibration_error(probs: np.ndarray, labels: Sequence[int], n_bins:
     table = calibration_table(probs, labels, n_bins)
     n = table["pairs"].sum()
     return float((table["pairs"] * table["gap"].abs()).sum() / n) if n else 0.0
-
-
-def reliability_diagram(evals: Mapping[str, Evaluation], n_bins: int = 10):
-    """Accuracy against confidence per bin, one panel per split; the diagonal is perfect calibration."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(3.8 * len(evals), 3.6), layout="constrained")
-    axes = fig.subplots(1, max(1, len(evals)), squeeze=False)[0]
-    for ax, (name, ev) in zip(axes, evals.items()):
-        labels = ev.predictions["gold"].map(LABELS.index).to_numpy()
-        table = calibration_table(ev.probs, labels, n_bins)
-        ax.bar(table["low"], table["accuracy"], width=1 / n_bins, align="edge", color="#3B6EA8",
-               edgecolor="white", label="accuracy")
-        ax.bar(table["low"], table["confidence"] - table["accuracy"], bottom=table["accuracy"], width=1 / n_bins,
-               align="edge", color="#C8553D", alpha=0.35, label="gap to confidence")
-        ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls=":")
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top probability)", ylabel="accuracy",
-               title=f"{name}: ECE {ev.scores['ece']:.3f}")
-    axes[0].legend(frameon=False, fontsize=8, loc="upper left")
-    return fig
 
 
 # -- errors and baselines -------------------------------------------------------------------------------------------

@@ -202,13 +202,3 @@ def indicative_words(ds, top: int = 5, min_count: int | None = None) -> pd.DataF
         return pd.DataFrame(columns=["label", "word", "hypotheses", "p_label"])
     table = pd.DataFrame(rows).sort_values(["label", "p_label", "hypotheses"], ascending=[True, False, False])
     return table.groupby("label", sort=False).head(top).reset_index(drop=True)
-
-
-# -- results of a training run -----------------------------------------------------------------
-def score_table(metrics: dict) -> pd.DataFrame:
-    """One row per validation split of a run's metrics: pairs, accuracy, macro-F1, majority baseline."""
-    baseline = metrics.get("majority_baseline", {})
-    rows = {name: {"pairs": s["n"], "accuracy": s["accuracy"], "macro_f1": s["macro_f1"],
-                   "majority_baseline": baseline.get(name, float("nan"))}
-            for name, s in metrics.items() if name.startswith("validation") and isinstance(s, dict)}
-    return pd.DataFrame.from_dict(rows, orient="index")

@@ -3,14 +3,16 @@ and per-genre accuracy when the split has genres.
 
     >>> classification_scores([0, 1, 2, 2], [0, 1, 1, 2])["accuracy"]
     0.75
+    >>> scores_table(run_metrics)          # one row per validation split, for a notebook
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
 from .data import LABELS
@@ -56,3 +58,25 @@ def majority_baseline(labels: Sequence[int]) -> float:
 def summary_line(split_scores: dict[str, dict]) -> str:
     """`validation_matched acc 0.812 F1 0.809 | ...` for logs and progress bars."""
     return " | ".join(f"{name} acc {s['accuracy']:.3f} F1 {s['macro_f1']:.3f}" for name, s in split_scores.items())
+
+
+def scores_table(metrics: Mapping[str, dict], baseline: Mapping[str, dict] | None = None) -> pd.DataFrame:
+    """One row per validation split: pairs, accuracy, macro-F1, and what else is there: ECE, the majority baseline
+    (a run's metrics.json), the hypothesis-only baseline's accuracy (`baseline`, {split: scores}).
+
+    `metrics` is a run's metrics.json, or {split: scores} (evaluation.metrics_of).
+    """
+    majority = metrics.get("majority_baseline", {})
+    rows = {}
+    for name, scores in metrics.items():
+        if not isinstance(scores, dict) or "accuracy" not in scores or name == "train":
+            continue
+        row = {"pairs": scores["n"], "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"]}
+        if "ece" in scores:
+            row["ece"] = scores["ece"]
+        if name in majority:
+            row["majority_baseline"] = majority[name]
+        if baseline and name in baseline:
+            row["hypothesis_only_accuracy"] = baseline[name]["accuracy"]
+        rows[name] = row
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -9,6 +9,7 @@ classes, so any encoder on the hub is one argument away. The label maps always f
 
     >>> predict([("A man sleeps.", "A person rests.")], "runs/train-.../model")
     [{'label': 'entailment', 'probs': {'entailment': 0.91, ...}}]
+    >>> predict(pairs, trained, as_table=True)          # premise, hypothesis, predicted, confidence, p_<label>
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -173,27 +176,52 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+PROB_COLUMNS = [f"p_{label}" for label in LABELS]
+
+
 @torch.inference_mode()
-def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], batch_size: int = 64,
-                  max_length: int = 128) -> torch.Tensor:
-    """Class probabilities (n, 3) for (premise, hypothesis) pairs, batched, in input order."""
+def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_size: int = 64, max_length: int = 128,
+                  progress: bool = False) -> np.ndarray:
+    """Class probabilities (n, 3) for (premise, hypothesis) pairs, in input order.
+
+    Batches are formed of pairs of similar length (far less padding than input order), with an optional progress bar.
+    """
+    from tqdm.auto import tqdm
+
     pairs = list(pairs)
     model.eval()
     device = next(model.parameters()).device
-    out = []
-    for i in range(0, len(pairs), batch_size):
-        premises, hypotheses = zip(*pairs[i:i + batch_size])
+    order = np.argsort([len(p) + len(h) for p, h in pairs], kind="stable")
+    probs = np.zeros((len(pairs), len(LABELS)), dtype=np.float32)
+    starts = range(0, len(pairs), batch_size)
+    for start in tqdm(starts, desc="predict", unit="batch", disable=not progress or len(starts) < 2):
+        idx = order[start:start + batch_size]
+        premises, hypotheses = zip(*(pairs[i] for i in idx))
         enc = tokenizer(list(premises), list(hypotheses), truncation=True, max_length=max_length,
                         padding=True, return_tensors="pt").to(device)
-        out.append(model(**enc).logits.float().softmax(-1).cpu())
-    return torch.cat(out) if out else torch.empty(0, len(LABELS))
+        probs[idx] = model(**enc).logits.float().softmax(-1).cpu().numpy()
+    return probs
 
 
-def predict(pairs: Iterable[tuple[str, str]], model_dir: str | Path | None = None, *, model=None,
-            tokenizer=None, batch_size: int = 64) -> list[dict]:
-    """Label and probabilities for each (premise, hypothesis): from a saved dir or an in-memory model."""
+def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None, batch_size: int = 64,
+            max_length: int = 128, progress: bool = False, as_table: bool = False):
+    """The label and a probability per label for each (premise, hypothesis): the one prediction function.
+
+    `source`: a saved model folder, or anything holding `.model` and `.tokenizer` (evaluation.TrainedModel); or pass
+    `model=` and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame: premise,
+    hypothesis, predicted, confidence and one `p_<label>` column per label.
+    """
     if model is None:
-        model, tokenizer = load_model_and_tokenizer(str(model_dir))
-    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size)
+        if hasattr(source, "model"):
+            model, tokenizer = source.model, source.tokenizer
+        else:
+            model, tokenizer = load_model_and_tokenizer(str(source))
+    pairs = list(pairs)
+    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length, progress=progress)
+    if as_table:
+        table = pd.DataFrame(pairs, columns=["premise", "hypothesis"])
+        table["predicted"] = [LABELS[i] for i in probs.argmax(1)] if len(table) else []
+        table["confidence"] = probs.max(1) if len(table) else []
+        return pd.concat([table, pd.DataFrame(probs, columns=PROB_COLUMNS)], axis=1)
     return [{"label": LABELS[int(p.argmax())], "probs": {LABELS[j]: float(p[j]) for j in range(len(LABELS))}}
             for p in probs]

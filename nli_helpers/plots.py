@@ -1,7 +1,8 @@
 """The few matplotlib figures the notebooks show.
 
-Each function takes a table from `explore`, a run's `history` or its `metrics` and returns a
-`matplotlib.figure.Figure`. Figures are built without pyplot, so they are not kept in pyplot's
+Each function takes a table from `explore`, a run's `history` or its `metrics`, the results of
+`evaluation.evaluate` or of a tuning job or sweep, and returns a `matplotlib.figure.Figure`: every figure
+the notebooks show is here. Figures are built without pyplot, so they are not kept in pyplot's
 global state: a notebook shows one by leaving it as the cell's last value (with
 `%matplotlib inline`), a script saves it with `fig.savefig(path)`. No GUI back-end is needed.
 
@@ -209,4 +210,51 @@ def per_genre_accuracy(metrics: Mapping) -> Figure:
     ax.set_xlim(0, 1.15)
     ax.set_xlabel("accuracy")
     ax.set_title("Accuracy per genre")
+    return fig
+
+
+# -- evaluation and tuning ------------------------------------------------------------------
+def reliability_diagram(evals: Mapping, n_bins: int = 10) -> Figure:
+    """Accuracy against confidence per bin, one panel per split (evaluation.evaluate's results); the diagonal is
+    perfect calibration."""
+    from .evaluation import calibration_table
+
+    fig = Figure(figsize=(3.8 * len(evals), 3.6), layout="constrained")
+    axes = fig.subplots(1, max(1, len(evals)), squeeze=False)[0]
+    for ax, (name, ev) in zip(axes, evals.items()):
+        labels = ev.predictions["gold"].map(LABELS.index).to_numpy()
+        table = calibration_table(ev.probs, labels, n_bins)
+        ax.bar(table["low"], table["accuracy"], width=1 / n_bins, align="edge", color="#3B6EA8",
+               edgecolor="white", label="accuracy")
+        ax.bar(table["low"], table["confidence"] - table["accuracy"], bottom=table["accuracy"], width=1 / n_bins,
+               align="edge", color="#C8553D", alpha=0.35, label="gap to confidence")
+        ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls=":")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top probability)", ylabel="accuracy",
+               title=f"{name}: ECE {ev.scores['ece']:.3f}")
+    axes[0].legend(frameon=False, fontsize=8, loc="upper left")
+    return fig
+
+
+def tuning_results(results: pd.DataFrame, metric: str | None = None) -> Figure:
+    """The metric against each searched parameter, one panel per parameter; the best run is starred (the rows of
+    sweep.local_sweep or tuning.tuning_results)."""
+    from .tuning import DEFAULT_HYPERTUNE_METRIC, FIELD_NAMES, best_trial
+
+    metric = metric or results.attrs.get("metric", DEFAULT_HYPERTUNE_METRIC)
+    names = results.attrs.get("parameters") or [c for c in results.columns if c in FIELD_NAMES]
+    fig = Figure(figsize=(3.6 * max(1, len(names)), 3.0), layout="constrained")
+    axes = fig.subplots(1, max(1, len(names)), squeeze=False)[0]
+    best = best_trial(results, metric)
+    for ax, name in zip(axes, names):
+        x = results[name]
+        numeric = pd.api.types.is_numeric_dtype(x)
+        xs = x if numeric else x.astype(str)
+        ax.scatter(xs, results[metric], color="#3B6EA8", label="runs")
+        ax.scatter([best[name] if numeric else str(best[name])], [best[metric]], marker="*", s=220,
+                   color="#E0A526", label="best", zorder=3)
+        if numeric and (x > 0).all() and x.max() / x.min() >= 10:
+            ax.set_xscale("log")
+        ax.set(xlabel=name, ylabel=metric)
+    axes[0].legend(frameon=False, fontsize=8)
+    fig.suptitle(f"{metric} per run ({results.attrs.get('goal', 'maximize')})")
     return fig

@@ -355,27 +355,3 @@ def best_trial(results: pd.DataFrame, metric: str | None = None, goal: str | Non
     if done.empty:
         raise NLIError(f"no finished run reported {metric}: look at the state/status and error columns")
     return done.loc[done[metric].idxmax() if goal == "maximize" else done[metric].idxmin()]
-
-
-def plot_results(results: pd.DataFrame, metric: str | None = None):
-    """The metric against each searched parameter, one panel per parameter; the best run is starred."""
-    from matplotlib.figure import Figure
-
-    metric = metric or results.attrs.get("metric", DEFAULT_HYPERTUNE_METRIC)
-    names = results.attrs.get("parameters") or [c for c in results.columns if c in FIELD_NAMES]
-    fig = Figure(figsize=(3.6 * max(1, len(names)), 3.0), layout="constrained")
-    axes = fig.subplots(1, max(1, len(names)), squeeze=False)[0]
-    best = best_trial(results, metric)
-    for ax, name in zip(axes, names):
-        x = results[name]
-        numeric = pd.api.types.is_numeric_dtype(x)
-        xs = x if numeric else x.astype(str)
-        ax.scatter(xs, results[metric], color="#3B6EA8", label="runs")
-        ax.scatter([best[name] if numeric else str(best[name])], [best[metric]], marker="*", s=220,
-                   color="#E0A526", label="best", zorder=3)
-        if numeric and (x > 0).all() and x.max() / x.min() >= 10:
-            ax.set_xscale("log")
-        ax.set(xlabel=name, ylabel=metric)
-    axes[0].legend(frameon=False, fontsize=8)
-    fig.suptitle(f"{metric} per run ({results.attrs.get('goal', 'maximize')})")
-    return fig

@@ -12,7 +12,8 @@ import pytest
 from nli_helpers import evaluation, storage
 from nli_helpers.config import make_config
 from nli_helpers.data import LABELS, DataError
-from nli_helpers.model import ModelError, predict_proba
+from nli_helpers.metrics import scores_table
+from nli_helpers.model import PROB_COLUMNS, ModelError, predict, predict_proba
 from nli_helpers.run import run_training
 
 
@@ -42,8 +43,9 @@ def test_held_out_scores_match_what_the_run_reported(trained):
         assert ev.scores["accuracy"] == pytest.approx(reported["accuracy"])
         assert ev.scores["per_genre"] == reported["per_genre"]
         assert 0 <= ev.scores["ece"] <= 1
-    table = evaluation.scores_table(evals)
+    table = scores_table(evaluation.metrics_of(evals))
     assert list(table.index) == ["validation_matched", "validation_mismatched"]
+    assert list(table.columns) == ["pairs", "accuracy", "macro_f1", "ece"]
 
 
 def test_a_gcs_copy_loads_and_predicts_the_same(trained, run_dir, gcs_bucket):
@@ -52,21 +54,22 @@ def test_a_gcs_copy_loads_and_predicts_the_same(trained, run_dir, gcs_bucket):
     remote = evaluation.load_trained(uri)
     assert remote.source == uri and remote.config == trained.config and remote.metrics == trained.metrics
     pairs = [("A dog runs in the park.", "An animal is outside."), ("It rained all day.", "The ground is dry.")]
-    assert np.allclose(evaluation.predict_probs(remote, pairs, progress=False),
-                       evaluation.predict_probs(trained, pairs, progress=False), atol=1e-6)
+    assert np.allclose(predict_proba(remote.model, remote.tokenizer, pairs),
+                       predict_proba(trained.model, trained.tokenizer, pairs), atol=1e-6)
 
 
 def test_batched_predictions_come_back_in_input_order(trained):
     splits = evaluation.run_splits(trained)
     df = splits["validation_matched"]
     pairs = list(zip(df["premise"], df["hypothesis"]))
-    batched = evaluation.predict_probs(trained, pairs, batch_size=3, progress=False)
-    at_once = predict_proba(trained.model, trained.tokenizer, pairs, batch_size=len(pairs)).numpy()
+    batched = predict_proba(trained.model, trained.tokenizer, pairs, batch_size=3)  # pairs of similar length
+    one_by_one = np.concatenate([predict_proba(trained.model, trained.tokenizer, [p], batch_size=1) for p in pairs])
     assert batched.shape == (len(pairs), 3)
-    assert np.allclose(batched, at_once, atol=1e-5) and np.allclose(batched.sum(1), 1, atol=1e-5)
-    table = evaluation.predictions_table(trained, pairs[:4], progress=False)
-    assert list(table.columns) == ["premise", "hypothesis", "predicted", "confidence", *evaluation.PROB_COLUMNS]
+    assert np.allclose(batched, one_by_one, atol=1e-5) and np.allclose(batched.sum(1), 1, atol=1e-5)
+    table = predict(pairs[:4], trained, as_table=True)
+    assert list(table.columns) == ["premise", "hypothesis", "predicted", "confidence", *PROB_COLUMNS]
     assert list(table["predicted"]) == [LABELS[i] for i in batched[:4].argmax(1)]
+    assert [p["label"] for p in predict(pairs[:4], trained)] == list(table["predicted"])
 
 
 def test_calibration_worked_by_hand():

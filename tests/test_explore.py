@@ -1,7 +1,6 @@
 """The data-exploration tables behind notebook 01, on small hand-made splits and the bundled sample."""
 
 import numpy as np
-import pandas as pd
 import pytest
 from datasets import Dataset, DatasetDict
 
@@ -121,13 +120,3 @@ def test_indicative_words_ranks_by_p_label():
     assert best.loc["contradiction", "word"] == "no" and best.loc["contradiction", "p_label"] == 0.75
     assert best.loc["entailment", "word"] == "some"
     assert explore.indicative_words(ds, min_count=100).empty
-
-
-def test_score_table_reads_run_metrics():
-    metrics = {"validation_matched": {"n": 10, "accuracy": 0.8, "macro_f1": 0.7},
-               "validation_mismatched": {"n": 5, "accuracy": 0.6, "macro_f1": 0.5},
-               "train": {"steps": 3}, "majority_baseline": {"validation_matched": 0.4}, "device": "cpu"}
-    table = explore.score_table(metrics)
-    assert table.index.tolist() == ["validation_matched", "validation_mismatched"]
-    assert table.loc["validation_matched", "majority_baseline"] == 0.4
-    assert pd.isna(table.loc["validation_mismatched", "majority_baseline"])

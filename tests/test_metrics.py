@@ -1,6 +1,7 @@
+import pandas as pd
 import pytest
 
-from nli_helpers.metrics import classification_scores, majority_baseline, per_genre_accuracy
+from nli_helpers.metrics import classification_scores, majority_baseline, per_genre_accuracy, scores_table
 
 
 def test_scores_match_a_hand_computed_example():
@@ -30,3 +31,14 @@ def test_length_mismatch_is_an_error():
 def test_majority_and_genre_helpers():
     assert majority_baseline([0, 1, 1, 2]) == 0.5
     assert per_genre_accuracy([0], [1], ["x"]) == {"x": {"accuracy": 0.0, "n": 1}}
+
+
+def test_scores_table_reads_run_metrics_and_baselines():
+    metrics = {"validation_matched": {"n": 10, "accuracy": 0.8, "macro_f1": 0.7},
+               "validation_mismatched": {"n": 5, "accuracy": 0.6, "macro_f1": 0.5},
+               "train": {"steps": 3}, "majority_baseline": {"validation_matched": 0.4}, "device": "cpu"}
+    table = scores_table(metrics, baseline={"validation_matched": {"accuracy": 0.55}})
+    assert table.index.tolist() == ["validation_matched", "validation_mismatched"]
+    assert table.loc["validation_matched", "majority_baseline"] == 0.4
+    assert pd.isna(table.loc["validation_mismatched", "majority_baseline"])
+    assert table.loc["validation_matched", "hypothesis_only_accuracy"] == 0.55

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from google.cloud.aiplatform_v1.types import Scheduling
 
-from nli_helpers import storage, tuning, vertex
+from nli_helpers import plots, storage, tuning, vertex
 from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.tuning import Categorical, Discrete, Double, Integer
 from nli_helpers.vertex import Machine
@@ -212,7 +212,7 @@ def test_local_sweep_gathers_one_row_per_run(toy_notebook, tmp_path):
         assert f"learning_rate = {row['learning_rate']}" in injected and "batch_size = 8" in injected
     assert (out / "sweep.csv").read_text().count("\n") == 4
     assert tuning.best_trial(results)["learning_rate"] == 0.2  # the failed run is never the best
-    fig = tuning.plot_results(results)
+    fig = plots.tuning_results(results)
     assert [ax.get_xlabel() for ax in fig.axes] == ["learning_rate"]
 
 
