@@ -238,10 +238,12 @@ def reliability_diagram(evals: Mapping, n_bins: int = 10) -> Figure:
 def tuning_results(results: pd.DataFrame, metric: str | None = None) -> Figure:
     """The metric against each searched parameter, one panel per parameter; the best run is starred (the rows of
     sweep.local_sweep or tuning.tuning_results)."""
-    from .tuning import DEFAULT_HYPERTUNE_METRIC, FIELD_NAMES, best_trial
+    from .config import TrainConfig
+    from .sweep import best_trial
+    from .tracking import DEFAULT_HYPERTUNE_METRIC
 
     metric = metric or results.attrs.get("metric", DEFAULT_HYPERTUNE_METRIC)
-    names = results.attrs.get("parameters") or [c for c in results.columns if c in FIELD_NAMES]
+    names = results.attrs.get("parameters") or [c for c in results.columns if c in TrainConfig.field_names()]
     fig = Figure(figsize=(3.6 * max(1, len(names)), 3.0), layout="constrained")
     axes = fig.subplots(1, max(1, len(names)), squeeze=False)[0]
     best = best_trial(results, metric)

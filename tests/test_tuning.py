@@ -14,17 +14,33 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from google.cloud.aiplatform import hyperparameter_tuning as hpt
 from google.cloud.aiplatform_v1.types import Scheduling
 
-from nli_helpers import plots, storage, tuning, vertex
+from nli_helpers import plots, storage, sweep, tuning, vertex
 from nli_helpers.config import ConfigError, NLIError, make_config
-from nli_helpers.tuning import Categorical, Discrete, Double, Integer
 from nli_helpers.vertex import Machine
 
 pytest_plugins = ["tests.fake_vertex"]
 
 PROJECT, REGION, IMAGE = "test-project", "us-central1", "us-central1-docker.pkg.dev/test-project/nli/trainer:1"
 CPU = Machine("n1-standard-4", None, 0)
+
+
+def Double(lo, hi, scale="linear"):  # noqa: N802 - short names for the SDK's specs keep the spaces readable
+    return hpt.DoubleParameterSpec(min=lo, max=hi, scale=scale)
+
+
+def Integer(lo, hi, scale="linear"):  # noqa: N802
+    return hpt.IntegerParameterSpec(min=lo, max=hi, scale=scale)
+
+
+def Discrete(values):  # noqa: N802
+    return hpt.DiscreteParameterSpec(values=values, scale="linear")
+
+
+def Categorical(values):  # noqa: N802
+    return hpt.CategoricalParameterSpec(values=values)
 SPACE = {"learning_rate": Double(1e-5, 1e-4, scale="log"), "weight_decay": Double(0.0, 0.1),
          "warmup_ratio": Double(0.0, 0.2), "batch_size": Discrete([32, 16])}
 TENSORBOARD = f"projects/{PROJECT}/locations/{REGION}/tensorboards/123"
@@ -49,7 +65,7 @@ def test_every_problem_of_a_search_space_is_named_at_once():
     message = str(err.value)
     assert "'learnin_rate' is not a TrainConfig field (known: profile, model_name" in message
     assert "'job_dir' cannot be searched" in message
-    assert "batch_size: a Double range does not fit a int field" in message
+    assert "batch_size: a DoubleParameterSpec does not fit a int field" in message
     assert "learning_rate: a log scale needs min > 0" in message
     assert "warmup_ratio: value 1.0: warmup_ratio=1.0 must be in [0, 1)" in message
     assert "seed: min 5 must be below max 1" in message
@@ -169,7 +185,7 @@ def test_trials_train_report_and_come_back_as_a_table(make_fake_vertex, gcs_buck
         metrics = json.loads(storage.download(f"{base}/{row['trial']}/model/metrics.json", tmp_path).read_text())
         assert metrics["train"]["steps"] == 32 // row["batch_size"]
         assert row["validation_matched_accuracy"] == metrics["validation_matched"]["accuracy"]  # final = last eval here
-    best = tuning.best_trial(results)
+    best = sweep.best_trial(results)
     assert best["validation_matched_accuracy"] == results["validation_matched_accuracy"].max()
     assert tuning.apply_parameters(cfg, best[list(space)].to_dict()).batch_size == best["batch_size"]
 
@@ -198,7 +214,7 @@ def toy_notebook(tmp_path) -> Path:
 
 def test_local_sweep_gathers_one_row_per_run(toy_notebook, tmp_path):
     out = tmp_path / "sweep"
-    results = tuning.local_sweep(toy_notebook, {"learning_rate": [0.1, 0.2, 5.0]}, {"batch_size": 8}, out,
+    results = sweep.local_sweep(toy_notebook, {"learning_rate": [0.1, 0.2, 5.0]}, {"batch_size": 8}, out,
                                  echo=lambda *a, **k: None)
     assert list(results["run"]) == ["run-01", "run-02", "run-03"]
     assert list(results["status"]) == ["ok", "ok", "failed"]
@@ -211,14 +227,14 @@ def test_local_sweep_gathers_one_row_per_run(toy_notebook, tmp_path):
         (injected,) = [c.source for c in cells if "injected-parameters" in c.metadata.get("tags", [])]
         assert f"learning_rate = {row['learning_rate']}" in injected and "batch_size = 8" in injected
     assert (out / "sweep.csv").read_text().count("\n") == 4
-    assert tuning.best_trial(results)["learning_rate"] == 0.2  # the failed run is never the best
+    assert sweep.best_trial(results)["learning_rate"] == 0.2  # the failed run is never the best
     fig = plots.tuning_results(results)
     assert [ax.get_xlabel() for ax in fig.axes] == ["learning_rate"]
 
 
 def test_local_sweep_refuses_names_the_notebook_does_not_declare(toy_notebook, tmp_path):
     with pytest.raises(NLIError, match="01_toy.ipynb does not declare epochs"):
-        tuning.local_sweep(toy_notebook, {"epochs": [1, 2]}, out_dir=tmp_path / "s")
+        sweep.local_sweep(toy_notebook, {"epochs": [1, 2]}, out_dir=tmp_path / "s")
     with pytest.raises(NLIError, match="unknown notebook parameter"):
-        tuning.local_sweep(toy_notebook, {"learning_rate": [0.1]}, {"epoch": 1}, tmp_path / "s")
+        sweep.local_sweep(toy_notebook, {"learning_rate": [0.1]}, {"epoch": 1}, tmp_path / "s")
     assert not (tmp_path / "s").exists()

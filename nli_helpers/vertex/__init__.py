@@ -50,6 +50,7 @@ from .jobs import (
     CREDENTIALS_HELP,
     aiplatform_sdk,
     check_vertex_tensorboard,
+    create_hyperparameter_tuning_job,
     fetch_outputs,
     init_vertex,
     logs_url,
@@ -74,7 +75,7 @@ from .pools import (
 from .preflight import Check, bucket_location_check, preflight
 
 __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build_sdist", "Check", "check_vertex_tensorboard",
-           "container_worker_pools", "CostEstimate", "CREDENTIALS_HELP", "estimate_cost", "estimate_job_cost",
+           "container_worker_pools", "CostEstimate", "create_hyperparameter_tuning_job", "CREDENTIALS_HELP", "estimate_cost", "estimate_job_cost",
            "fetch_outputs", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex",
            "job_args", "job_config", "JobCostEstimate", "JobFailedError", "LAUNCH_MODULE", "local_torch_version",
            "logs_url", "Machine", "newest_prebuilt_image_uri", "NoPrebuiltImageError",

@@ -11,6 +11,7 @@ google-cloud-aiplatform is imported only when a function needs it (the trainer i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -74,8 +75,46 @@ def init_vertex(project: str | None, region: str, staging_bucket: str | None, *,
                           f"packages; create one with `gcloud storage buckets create gs://BUCKET --location={region}`")
     # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
     aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
-                       api_endpoint=api_endpoint, api_transport=api_transport)
+                          api_endpoint=api_endpoint, api_transport=api_transport)
+    _session.update(project=project, region=region, endpoint=api_endpoint, credentials=credentials,
+                    transport=api_transport)
     return api_endpoint
+
+
+_session: dict = {}  # what init_vertex chose, for the clients the SDK's job classes do not cover
+
+
+@contextlib.contextmanager
+def api_errors(what: str, service_account: str | None = None):
+    """Turn the Google API errors of creating `what` into one VertexError that says what to do."""
+    try:
+        yield
+    except GoogleAuthError as err:
+        raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
+    except api_exceptions.PermissionDenied as err:
+        raise VertexError(f"permission denied creating {what}: grant your account roles/aiplatform.user (and "
+                          f"iam.serviceAccountUser on {service_account or 'the job service account'}): "
+                          f"{err.message}") from err
+    except api_exceptions.GoogleAPICallError as err:
+        raise VertexError(f"Vertex AI refused {what} ({err.code}): {err.message}. Is the API enabled? "
+                          "gcloud services enable aiplatform.googleapis.com") from err
+
+
+def create_hyperparameter_tuning_job(body: str, *, service_account: str | None = None):
+    """Create a HyperparameterTuningJob from its REST JSON through the public GAPIC client, and return the SDK's
+    job object (as `CustomJob.submit` returns at once, which `HyperparameterTuningJob.run` does not)."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import aiplatform_v1
+
+    if not _session:
+        raise VertexError("call vertex.init_vertex(project, region, staging_bucket) first")
+    client = aiplatform_v1.JobServiceClient(credentials=_session["credentials"], transport=_session["transport"],
+                                            client_options=ClientOptions(api_endpoint=_session["endpoint"]))
+    parent = f"projects/{_session['project']}/locations/{_session['region']}"
+    with api_errors("the tuning job", service_account):
+        created = client.create_hyperparameter_tuning_job(
+            parent=parent, hyperparameter_tuning_job=aiplatform_v1.HyperparameterTuningJob.from_json(body))
+    return aiplatform_sdk().HyperparameterTuningJob.get(created.name)
 
 
 TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
@@ -119,19 +158,11 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, di
     from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
 
     strategy = custom_job_types.Scheduling.Strategy.SPOT if spot else None
-    try:
+    with api_errors("the job", service_account):
         job = aiplatform.CustomJob(display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
                                    worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
         job.submit(service_account=service_account, restart_job_on_worker_restart=restart_job_on_worker_restart,
                    scheduling_strategy=strategy, timeout=timeout_s, tensorboard=tensorboard)
-    except GoogleAuthError as err:
-        raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
-    except api_exceptions.PermissionDenied as err:
-        raise VertexError(f"permission denied creating the job: grant your account roles/aiplatform.user (and "
-                          f"iam.serviceAccountUser on {service_account or 'the job service account'}): {err.message}") from err
-    except api_exceptions.GoogleAPICallError as err:
-        raise VertexError(f"Vertex AI refused the job ({err.code}): {err.message}. Is the API enabled? "
-                          "gcloud services enable aiplatform.googleapis.com") from err
     print(f"submitted {job.resource_name}\nlogs: {logs_url(job)}")
     return job
 
