@@ -1,4 +1,4 @@
-"""Load NLI pairs from anywhere into one shape, tokenise them once, and batch them without waste.
+"""Load NLI pairs from anywhere into one shape: the labels, the premise split, the sources.
 
 Every loader returns a `datasets.DatasetDict` whose splits (`train`, `validation_matched` and,
 when the source has it, `validation_mismatched`) hold the columns `premise`, `hypothesis`,
@@ -16,25 +16,18 @@ files (`train.*`, `validation_matched.*` or `dev_matched.*`, `validation_mismatc
 
 from __future__ import annotations
 
-import codecs
-import csv
-import gzip
 import hashlib
-import json
 import logging
 import math
 import re
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from datasets import Dataset, DatasetDict
 
-from .config import ConfigError, NLIError
+from .tables import COLUMN_ALIASES, SUFFIXES, DataError, json_type, read_table
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +45,12 @@ SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
 MATCHED_GENRES = ("fiction", "government", "slate", "telephone", "travel")
 MISMATCHED_GENRES = ("facetoface", "letters", "nineeleven", "oup", "verbatim")
-COLUMN_ALIASES = {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"}
 SPLIT_ALIASES = {
     "train": "train",
     "validation_matched": "validation_matched", "dev_matched": "validation_matched",
     "validation": "validation_matched", "dev": "validation_matched",
     "validation_mismatched": "validation_mismatched", "dev_mismatched": "validation_mismatched",
 }
-SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet")
-
-
-class DataError(NLIError):
-    """The data could not be read or has the wrong shape; the message says how to fix it."""
 
 
 @dataclass
@@ -88,115 +75,7 @@ class LoadReport:
         return text
 
 
-# -- reading tables ----------------------------------------------------------------------
-def read_table(path: str | Path) -> pd.DataFrame:
-    """Read one jsonl/csv/tsv/parquet file (optionally gzipped) into a DataFrame."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist; pass --data with an existing file, "
-                        "a directory of split files, a gs:// URI, a hub name or 'sample'")
-    if path.stat().st_size == 0:
-        raise DataError(f"data file {path} is empty; it needs premise, hypothesis and label columns")
-    kind = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
-    try:
-        if kind in (".jsonl", ".json"):
-            df = _read_json_records(path)
-        # Text columns stay text (dtype=str): a premise "1" or a label "1.0" is not guessed into a number.
-        elif kind == ".csv":
-            df = pd.read_csv(path, dtype=str, keep_default_na=False)
-        elif kind in (".tsv", ".txt"):
-            # Raw MultiNLI .txt/.tsv files contain unbalanced quotes: read them literally.
-            df = pd.read_csv(path, sep="\t", quoting=3, dtype=str, keep_default_na=False)
-        elif kind == ".parquet":
-            df = pd.read_parquet(path).reset_index(drop=True)  # a saved index would confuse row numbers
-        else:
-            raise DataError(f"{path}: unsupported file type {kind!r}; use one of {', '.join(SUFFIXES)} "
-                            "(optionally .gz)")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); "
-                        "re-encode it as UTF-8") from e
-    # Truncated or corrupt files: gzip raises EOFError/BadGzipFile(OSError)/zlib.error, pyarrow
-    # ArrowInvalid(ValueError)/OSError, the csv parsers ParserError(ValueError)/csv.Error.
-    except (ValueError, OSError, EOFError, zlib.error, csv.Error) as e:
-        raise DataError(f"could not read {path} as {kind[1:]}{' (gzip)' if path.suffix == '.gz' else ''}: "
-                        f"{e}. Is the file complete? Copy or download it again") from e
-    if len(df) == 0 and len(df.columns) == 0:
-        raise DataError(f"data file {path} is empty (no rows); it needs premise, hypothesis and label columns")
-    return df
-
-
-def _read_json_records(path: Path) -> pd.DataFrame:
-    """JSON Lines (one object a line) or a JSON array of objects, each value keeping its JSON type.
-
-    Parsed line by line so that a bad line is named by its number (the DataFrame's index is the
-    line number), and without pandas' type guessing, which would turn a premise "1" into 1.
-    """
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        first = f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()
-        if first.startswith(b"["):
-            f.seek(0)
-            return _json_array(path, f.read())
-        f.seek(0)
-        rows, lines, seen = [], [], {}
-        for number, raw in enumerate(f, 1):
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path} line {number} is not valid UTF-8 ({e.reason} at byte {e.start} of the "
-                                "line); re-encode the file as UTF-8") from e
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-                raise DataError(f"{path} line {number} is not valid JSON ({getattr(e, 'msg', e)}{where}); "
-                                "each line must be one JSON object") from e
-            if not isinstance(row, dict):
-                raise DataError(f"{path} line {number} is a JSON {_json_type(row)}, not an object; each line "
-                                'must be one object like {"premise": ..., "hypothesis": ..., "label": ...}')
-            rows.append(_known_columns(row, seen))
-            lines.append(number)
-    return _records_frame(rows, seen, pd.Index(lines, name="line"))
-
-
-def _json_array(path: Path, raw: bytes) -> pd.DataFrame:
-    try:
-        records = json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8"))
-    except UnicodeDecodeError:  # a ValueError too, but read_table words it better
-        raise
-    except (ValueError, RecursionError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise DataError(f"{path} is not valid JSON ({getattr(e, 'msg', e)}{where})") from e
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise DataError(f"{path} must be a JSON array of objects (or JSON Lines: one object a line)")
-    seen: dict[str, None] = {}
-    return _records_frame([_known_columns(r, seen) for r in records], seen, None)
-
-
-KNOWN_COLUMNS = frozenset({"premise", "hypothesis", "label", "genre", *COLUMN_ALIASES})
-
-
-def _known_columns(row: dict, seen: dict) -> dict:
-    # Only the columns the loader uses become DataFrame columns: a file whose every line has new keys
-    # would otherwise build a rows x keys table. The first keys seen are kept for error messages.
-    if len(seen) < 50:
-        seen.update(dict.fromkeys(list(row)[:50]))
-    return {k: v for k, v in row.items() if k in KNOWN_COLUMNS}
-
-
-def _records_frame(rows: list[dict], seen: dict, index) -> pd.DataFrame:
-    df = pd.DataFrame(rows, index=index, dtype=object)
-    df.attrs["columns_seen"] = list(seen)
-    return df
-
-
-def _json_type(value) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
+# -- normalising a table ---------------------------------------------------------------
 
 
 def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.DataFrame:
@@ -309,7 +188,7 @@ def _text_kind(value) -> str:
         if not value.strip():
             return "blank"
         return "surrogate" if SURROGATE.search(value) else "ok"
-    return "blank" if _missing(value) else _json_type(value)
+    return "blank" if _missing(value) else json_type(value)
 
 
 def _genre(value) -> str:
@@ -461,100 +340,3 @@ def subsample(splits: DatasetDict, fraction: float, max_train: int | None, max_e
             n = min(n, max_eval)
         out[name] = ds if n == len(ds) else ds.shuffle(seed=seed).select(range(n))
     return DatasetDict(out)
-
-
-# -- tokenising and batching ---------------------------------------------------------------
-def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128) -> DatasetDict:
-    """Tokenise every split once, in batches, truncated but never padded (padding is per batch).
-
-    Each text is first cut to `CHARS_PER_TOKEN_CAP * max_length` characters. Truncation keeps at
-    most `max_length` tokens, which normal text fits in far fewer characters, so the result is the
-    same; but the fast tokenizer's pair truncation builds every combination of the two texts'
-    overflow windows (huggingface/tokenizers#2035), so one pair of 20,000-token texts would
-    otherwise take tens of GB of memory.
-    """
-    if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one (AutoTokenizer default)")
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and limit < 1_000_000 and max_length > limit:
-        raise ConfigError(f"max_length={max_length} is more than this model takes ({limit} tokens); "
-                          f"use --max_length {limit} or less")
-    cap = CHARS_PER_TOKEN_CAP * max_length
-
-    def encode(batch):
-        premises = [t[:cap] for t in batch["premise"]]
-        hypotheses = [t[:cap] for t in batch["hypothesis"]]
-        enc = tokenizer(premises, hypotheses, truncation=True, max_length=max_length)
-        enc["length"] = [len(ids) for ids in enc["input_ids"]]
-        return enc
-
-    keep = {"label", "genre"}
-    return DatasetDict({
-        name: ds.map(encode, batched=True, batch_size=1000, desc=f"tokenise {name}",
-                     remove_columns=[c for c in ds.column_names if c not in keep])
-        for name, ds in splits.items()
-    })
-
-
-class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    """Batches of similar length in a random order: the padding per batch shrinks, the order stays random.
-
-    Each epoch: shuffle all indices (seed + epoch), cut them into mega-batches of
-    `batch_size * mega_batches` examples, sort each mega-batch by length, cut it into batches and
-    shuffle the batches. `batch_size` is the global batch: with `num_replicas > 1` each rank takes its
-    interleaved share of every batch (batch_size / num_replicas examples), so N processes see exactly
-    the batches one process would; every rank draws the same permutation (same seed), so no
-    communication is needed.
-    """
-
-    def __init__(self, lengths: list[int] | np.ndarray, batch_size: int, *, seed: int = 0,
-                 group_by_length: bool = True, mega_batches: int = 50, num_replicas: int = 1, rank: int = 0):
-        self.lengths = np.asarray(lengths)
-        self.batch_size, self.seed, self.group = batch_size, seed, group_by_length
-        self.mega, self.num_replicas, self.rank = mega_batches, num_replicas, rank
-        self.epoch = self.skip = 0
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Choose the epoch's order; `skip_batches` resumes part way through it (after a checkpoint)."""
-        self.epoch, self.skip = epoch, skip_batches
-
-    def global_batches(self) -> list[np.ndarray]:
-        """This epoch's batches of `batch_size` examples, the same on every rank."""
-        rng = np.random.default_rng(self.seed + self.epoch)
-        order = rng.permutation(len(self.lengths))
-        size = self.batch_size
-        if self.group:
-            mega = size * self.mega
-            chunks = [order[i:i + mega] for i in range(0, len(order), mega)]
-            order = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks])
-        batches = [order[i:i + size] for i in range(0, len(order), size)]
-        if self.group:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-            # The longest batch first, as Hugging Face's sampler does: an out-of-memory shows at step 1, not
-            # hours in, and the allocator sizes its pools once (on the CPU, random lengths first grew the peak
-            # RSS by a third: benchmarks/README.md).
-            longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
-            batches[0], batches[longest] = batches[longest], batches[0]
-        # A last batch too small to give every rank an example is dropped, so all ranks step together.
-        return [b for b in batches if len(b) >= self.num_replicas]
-
-    def batches(self) -> list[np.ndarray]:
-        """This rank's share of every global batch."""
-        return [b[self.rank::self.num_replicas] for b in self.global_batches()]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return (b.tolist() for b in self.batches()[self.skip:])
-
-    def __len__(self) -> int:
-        """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
-        size = self.batch_size
-        n = len(self.lengths)
-        return n // size + (n % size >= self.num_replicas)
-
-
-def padding_stats(lengths: list[int] | np.ndarray, batches: list[np.ndarray]) -> dict[str, float]:
-    """Real vs padded tokens when each batch is padded to its longest member."""
-    lengths = np.asarray(lengths)
-    real = int(lengths.sum())
-    padded = int(sum(len(b) * lengths[b].max() for b in batches if len(b)))
-    return {"real_tokens": real, "padded_tokens": padded, "pad_fraction": 1 - real / padded if padded else 0.0}

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from .data import LABELS, MATCHED_GENRES, MISMATCHED_GENRES, LengthGroupedBatchSampler, padding_stats
+from .batching import LengthGroupedBatchSampler, padding_stats
+from .data import LABELS, MATCHED_GENRES, MISMATCHED_GENRES
 
 # Negation and its contractions: annotators wrote contradictions by negating the premise, so these
 # words in a hypothesis alone predict "contradiction" (Gururangan et al., 2018; Poliak et al., 2018).
@@ -140,7 +141,7 @@ def padding_comparison(lengths: np.ndarray, batch_size: int, max_length: int = 5
     - whole split padded to its longest pair (the old recipe: one `tokenizer(..., padding=True)`
       over the split);
     - dynamic padding: random batches, each padded to its own longest pair;
-    - length-grouped: batches of similar length (`data.LengthGroupedBatchSampler`, what `train` uses).
+    - length-grouped: batches of similar length (`batching.LengthGroupedBatchSampler`, what `train` uses).
 
     `waste` is the share of processed tokens that are padding; `cost` is processed / real tokens.
     """

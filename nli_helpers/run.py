@@ -23,10 +23,11 @@ from pathlib import Path
 from transformers import set_seed
 
 from . import storage
+from .batching import tokenize_splits
 from .callbacks import TrainCallback
 from .checkpoint import checkpoint_root, latest_checkpoint
 from .config import NLIError, TrainConfig, batch_line
-from .data import load_nli_splits, tokenize_splits
+from .data import load_nli_splits
 from .distributed import broadcast_from_main, device_for, init_distributed, on_main_process, shutdown_distributed
 from .hardware import check_accelerator, resolve_precision
 from .metrics import summary_line

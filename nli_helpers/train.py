@@ -27,10 +27,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
 
+from .batching import LengthGroupedBatchSampler
 from .callbacks import TrainCallback
 from .checkpoint import resume_training, save_training
 from .config import NLIError, TrainConfig, batch_split
-from .data import LengthGroupedBatchSampler
 from .distributed import SINGLE_PROCESS, DistInfo, all_gather_objects, all_reduce_sum, any_rank, device_for
 from .hardware import autocast, resolve_precision
 from .metrics import classification_scores, majority_baseline, summary_line

@@ -5,15 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nli_helpers.data import (
-    LABELS,
-    DataError,
-    LengthGroupedBatchSampler,
-    load_nli_splits,
-    padding_stats,
-    split_by_premise,
-    tokenize_splits,
-)
+from nli_helpers.batching import LengthGroupedBatchSampler, padding_stats, tokenize_splits
+from nli_helpers.data import LABELS, DataError, load_nli_splits, split_by_premise
 
 ROWS = [
     {"premise": f"premise number {i // 3} about {'cats dogs birds'.split()[i % 3]}",
