@@ -6,11 +6,19 @@ picks whichever was imported first when pytest collects both folders in one run.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# 20 premises x 3 labels: enough for a premise split with eval_fraction 0.3 to leave both parts non-empty.
+# (The labels are spelled out, in nli_helpers.data.LABELS order, so that importing this stays light.)
+ROWS = [{"premise": f"a man walks his dog number {i // 3} in the park",
+         "hypothesis": f"someone is outside with an animal {i}",
+         "label": ("entailment", "neutral", "contradiction")[i % 3]} for i in range(60)]
 
 
 def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
@@ -19,3 +27,36 @@ def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeo
 
     return subprocess.run([sys.executable, "-m", "nli_helpers.task", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout)
+
+
+def write_jsonl(path: Path, rows: list, *, gz: bool = False) -> Path:
+    """One line per row: a dict is written as JSON, a str as it is (to write a broken line)."""
+    text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    return path
+
+
+def truncated(data: bytes) -> bytes:
+    """The first two thirds of a file, as a cut-off download leaves it."""
+    return data[: len(data) * 2 // 3]
+
+
+def assert_no_result(job: Path) -> None:
+    """Nothing a user, a notebook or `--resume auto` could take for a result: no metrics, weights, checkpoints."""
+    if not job.exists():
+        return
+    names = sorted(p.relative_to(job).as_posix() for p in job.rglob("*") if p.is_file())
+    looks_like_result = [n for n in names if n.endswith(("metrics.json", ".safetensors", ".pt", ".bin",
+                                                           "manifest.json", "history.jsonl"))]
+    assert not looks_like_result, f"a failed run left {looks_like_result} in {job}"
+
+
+def run_fails(job: Path, message: str, *args: str, env: dict | None = None):
+    """The command exits 2 with `message` on stderr, no traceback, and leaves no result in `job`."""
+    proc = run_task("--profile", "smoke", "--model-name", "tiny-random", "--job-dir", str(job),
+                    "--no-progress", *args, env=env)
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert_no_result(job)
+    return proc

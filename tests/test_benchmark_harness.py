@@ -4,11 +4,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 SCRIPT = ROOT / "benchmarks" / "train_throughput.py"
 RUNNERS = ("seed_recipe", "hf_trainer", "nli_helpers")
 RUN_KEYS = {"examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "wall_s", "accuracy"}

@@ -50,40 +50,68 @@ def test_raw_multinli_names_and_int_labels(tmp_path):
     assert a["train"]["genre"][0] == "travel"
 
 
-def test_unlabelled_rows_are_dropped_and_counted(tmp_path):
-    rows = ROWS + [{**ROWS[0], "label": "-"}, {**ROWS[1], "label": -1}, {**ROWS[2], "label": "-1"}]
+def test_unlabelled_rows_in_every_spelling_are_dropped_and_counted(tmp_path):
+    # Each unlabelled row repeats a labelled pair: it is still dropped as unlabelled, not kept as a conflict.
+    spellings = [-1, "-1", "-", "", " - ", None, -1.0, "-1.0"]
+    rows = ROWS + [{**ROWS[i], "label": v} for i, v in enumerate(spellings)]
+    rows.append({"premise": ROWS[0]["premise"], "hypothesis": "no label key at all"})
     splits = load_nli_splits(str(write(tmp_path / "d.jsonl", rows, "jsonl")), eval_fraction=0.3)
-    assert splits.report.dropped_unlabelled == 3
+    assert splits.report.dropped_unlabelled == len(spellings) + 1
+    assert splits.report.conflicting_labels == 0
     assert sum(len(s) for s in splits.values()) == 90
+    assert "dropped 9 unlabelled rows" in str(splits.report)
 
 
 @pytest.mark.parametrize("rows, message", [
-    ([{**ROWS[0], "label": "maybe"}], "unknown label value(s) 'maybe'"),
-    ([{**ROWS[0], "label": 7}], "unknown label value(s) '7'"),
-    ([{"premise": "a", "label": "neutral"}], "lacks column(s) hypothesis"),
+    pytest.param(ROWS[:5] + [{**ROWS[5], "label": "Entails"}] + ROWS[6:] + [{**ROWS[0], "label": "yes"}],
+                 "has unknown label value(s) 'entails', 'yes' (first on line 6); labels must be "
+                 "entailment/neutral/contradiction or 0/1/2", id="unknown-strings-name-the-first-line"),
+    pytest.param([{**ROWS[0], "label": "maybe"}], "unknown label value(s) 'maybe'", id="maybe"),
+    pytest.param([{**ROWS[0], "label": 7}], "unknown label value(s) '7'", id="7"),
+    *[pytest.param(ROWS + [{**ROWS[0], "hypothesis": "x", "label": label}], "unknown label value(s)",
+                   id=f"not-a-label-{label!r}")
+      for label in [True, 1.5, 3, -2, [1], {"x": 1}, "1.5", "\u0661"]],
+    pytest.param([{"premise": "a", "label": "neutral"}], "lacks column(s) hypothesis", id="no-hypothesis"),
+    pytest.param([{"text_a": r["premise"], "text_b": r["hypothesis"], "label": r["label"]} for r in ROWS],
+                 "lacks column(s) premise, hypothesis (found: 'text_a', 'text_b', 'label'); "
+                 "name them premise/hypothesis/label", id="other-column-names-are-listed"),
 ])
 def test_bad_rows_raise_a_clear_error(tmp_path, rows, message):
     with pytest.raises(DataError) as err:
-        load_nli_splits(str(write(tmp_path / "d.jsonl", rows, "jsonl")))
+        load_nli_splits(str(write(tmp_path / "d.jsonl", rows, "jsonl")), eval_fraction=0.3)
     assert message in str(err.value)
 
 
-def test_missing_empty_and_unsupported_files(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
-        load_nli_splits(str(tmp_path / "nope.jsonl"))
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataError, match="is empty"):
-        load_nli_splits(str(tmp_path / "empty.jsonl"))
-    (tmp_path / "d.xlsx").write_text("x")
-    with pytest.raises(DataError, match="unsupported file type"):
-        load_nli_splits(str(tmp_path / "d.xlsx"))
+@pytest.mark.parametrize("name, content, message", [
+    ("nope.jsonl", None, "does not exist"),
+    ("a\x00b.jsonl", None, "does not exist"),
+    ("x" * 5000 + ".jsonl", None, "not a usable path .*File name too long"),
+    ("empty.jsonl", b"", "is empty"),
+    ("blank-lines.jsonl", b"\n  \n\n", "is empty"),
+    ("header.csv", b"premise,hypothesis,label\n", "has no usable rows left: of 0 rows"),
+    ("d.xlsx", b"x", "unsupported file type"),
+], ids=["missing", "nul-byte", "name-too-long", "empty", "blank-lines", "header-only-csv", "xlsx"])
+def test_missing_empty_and_unsupported_files(tmp_path, name, content, message):
+    if content is not None:
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        load_nli_splits(str(tmp_path / name), eval_fraction=0.3)
 
 
-def test_non_utf8_file_says_so(tmp_path):
-    path = tmp_path / "latin1.csv"
-    path.write_bytes("premise,hypothesis,label\ncaf\xe9,b,neutral\n".encode("latin-1"))
-    with pytest.raises(DataError, match="UTF-8"):
-        load_nli_splits(str(path))
+LATIN1_CSV = "premise,hypothesis,label\ncaf\xe9,b,neutral\n".encode("latin-1")
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("latin1.jsonl", "".join(json.dumps(r) + "\n" for r in ROWS[:9]).encode()
+     + '{"premise": "caf\xe9", "hypothesis": "b", "label": 0}\n'.encode("latin-1"),
+     "line 10 is not valid UTF-8 .*re-encode the file as UTF-8"),
+    ("latin1.csv", LATIN1_CSV, "UTF-8"),
+    ("latin1.csv.gz", gzip.compress(LATIN1_CSV, mtime=0), "UTF-8"),
+], ids=["jsonl-names-the-line", "csv", "csv.gz"])
+def test_non_utf8_file_says_so(tmp_path, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataError, match=message):
+        load_nli_splits(str(tmp_path / name), eval_fraction=0.3)
 
 
 def test_hub_name_offline_gives_a_clear_error(monkeypatch):

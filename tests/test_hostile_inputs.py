@@ -5,8 +5,12 @@ What is skipped and counted (see `data.normalise_frame`): unlabelled rows (-1, '
 rows with a null/empty/whitespace premise or hypothesis, exact duplicate (premise, hypothesis,
 label) rows. Kept and counted: the same pair under different labels. Everything else is an error.
 
-Checks about the output dir run the real command (`conftest.run_task`); the rest call
+Checks about the output dir run the real command (`tests.helpers.run_fails`); the rest call
 `load_nli_splits` / `load_model_and_tokenizer` directly, which is far faster.
+
+The plain cases live where their code is tested, once: missing, empty, non-UTF-8 and unsupported files,
+unknown labels, missing columns and unlabelled rows in test_data.py; bad data through the command and
+unwritable job dirs in test_task.py.
 """
 
 from __future__ import annotations
@@ -29,18 +33,9 @@ from nli_helpers.config import ConfigError, NLIError
 from nli_helpers.data import LABELS, DataError, load_nli_splits
 from nli_helpers.model import ModelError, load_model_and_tokenizer
 from nli_helpers.storage import StorageError
-from tests.helpers import ROOT, run_task
+from tests.helpers import ROOT, ROWS, run_fails, run_task, truncated, write_jsonl
 
-# 20 premises x 3 labels: enough for a premise split with eval_fraction 0.3 to leave both parts non-empty.
-ROWS = [{"premise": f"a man walks his dog number {i // 3} in the park",
-         "hypothesis": f"someone is outside with an animal {i}", "label": LABELS[i % 3]} for i in range(60)]
 LONG_TEXT = "the man walks " * 6667 + "home"  # 20,002 words: 20,002 tokens for the word-piece models
-
-
-def jsonl(path: Path, rows: list, *, gz: bool = False) -> Path:
-    text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
-    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
-    return path
 
 
 def load(path: Path, **kw):
@@ -51,51 +46,18 @@ def all_rows(splits) -> pd.DataFrame:
     return pd.concat([splits[name].to_pandas() for name in splits], ignore_index=True)
 
 
-def assert_no_result(job: Path) -> None:
-    """Nothing a user, a notebook or `--resume auto` could take for a result: no metrics, weights, checkpoints."""
-    if not job.exists():
-        return
-    names = sorted(p.relative_to(job).as_posix() for p in job.rglob("*") if p.is_file())
-    looks_like_result = [n for n in names if n.endswith(("metrics.json", ".safetensors", ".pt", ".bin",
-                                                           "manifest.json", "history.jsonl"))]
-    assert not looks_like_result, f"a failed run left {looks_like_result} in {job}"
-
-
-def run_fails(job: Path, message: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The command exits 2 with `message` on stderr, no traceback, and leaves no result in `job`."""
-    proc = run_task("--profile", "smoke", "--model-name", "tiny-random", "--job-dir", str(job),
-                    "--no-progress", *args, env=env)
-    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert_no_result(job)
-    return proc
-
-
 # -- files that cannot be read ----------------------------------------------------------------------
-def test_empty_files(tmp_path):
-    (tmp_path / "zero.jsonl").write_bytes(b"")
-    with pytest.raises(DataError, match="is empty"):
-        load(tmp_path / "zero.jsonl")
-    (tmp_path / "blank-lines.jsonl").write_text("\n  \n\n")
-    with pytest.raises(DataError, match="is empty"):
-        load(tmp_path / "blank-lines.jsonl")
-    (tmp_path / "header.csv").write_text("premise,hypothesis,label\n")
-    with pytest.raises(DataError, match="has no usable rows left: of 0 rows"):
-        load(tmp_path / "header.csv")
-
-
 def test_invalid_json_names_the_line(tmp_path):
     lines = [json.dumps(r) for r in ROWS[:4]] + ['{"premise": "a", "hypothesis": "b", "label": 0'] + \
         [json.dumps(r) for r in ROWS[4:]]
     with pytest.raises(DataError, match=r"bad\.jsonl line 5 is not valid JSON \(.* at column \d+\)"):
-        load(jsonl(tmp_path / "bad.jsonl", lines))
+        load(write_jsonl(tmp_path / "bad.jsonl", lines))
 
 
 @pytest.mark.parametrize("line, kind", [("[1, 2, 3]", "array"), ('"a string"', "string"), ("42", "number"),
                                         ("null", "null"), ("true", "boolean")])
 def test_json_lines_that_are_not_objects(tmp_path, line, kind):
-    path = jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS[:7]] + [line])
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS[:7]] + [line])
     with pytest.raises(DataError, match=f"line 8 is a JSON {kind}, not an object"):
         load(path)
 
@@ -108,26 +70,10 @@ def test_a_json_array_must_hold_objects(tmp_path):
         load(tmp_path / "bad.json")
 
 
-def test_non_utf8_bytes_name_the_line(tmp_path):
-    path = tmp_path / "latin1.jsonl"
-    path.write_bytes("".join(json.dumps(r) + "\n" for r in ROWS[:9]).encode()
-                     + '{"premise": "caf\xe9", "hypothesis": "b", "label": 0}\n'.encode("latin-1"))
-    with pytest.raises(DataError, match="line 10 is not valid UTF-8 .*re-encode the file as UTF-8"):
-        load(path)
-    gz = tmp_path / "latin1.csv.gz"
-    gz.write_bytes(gzip.compress("premise,hypothesis,label\ncaf\xe9,b,neutral\n".encode("latin-1")))
-    with pytest.raises(DataError, match="UTF-8"):
-        load(gz)
-
-
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
     assert sum(len(s) for s in load(path).values()) == 60
-
-
-def truncated(data: bytes) -> bytes:
-    return data[: len(data) * 2 // 3]
 
 
 def test_truncated_parquet(tmp_path):
@@ -167,51 +113,11 @@ def test_truncated_plain_jsonl_names_the_cut_line(tmp_path):
         load(tmp_path / "cut.jsonl")
 
 
-def test_unusable_data_paths(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
-        load_nli_splits("runs/a\x00b.jsonl")
-    with pytest.raises(DataError, match="not a usable path .*File name too long"):
-        load_nli_splits("x" * 5000 + ".jsonl")
-    (tmp_path / "x.xlsx").write_text("x")
-    with pytest.raises(DataError, match="unsupported file type"):
-        load_nli_splits(str(tmp_path / "x.xlsx"))
-
-
 # -- columns and labels ----------------------------------------------------------------------------
-def test_missing_columns_list_what_was_found(tmp_path):
-    rows = [{"text_a": r["premise"], "text_b": r["hypothesis"], "label": r["label"]} for r in ROWS]
-    with pytest.raises(DataError, match=r"lacks column\(s\) premise, hypothesis \(found: 'text_a', 'text_b', "
-                                        r"'label'\); name them premise/hypothesis/label"):
-        load(jsonl(tmp_path / "d.jsonl", rows))
-
-
-def test_unknown_label_strings_name_the_first_line(tmp_path):
-    rows = ROWS[:5] + [{**ROWS[5], "label": "Entails"}] + ROWS[6:] + [{**ROWS[0], "label": "yes"}]
-    with pytest.raises(DataError, match=r"unknown label value\(s\) 'entails', 'yes' \(first on line 6\); labels "
-                                        r"must be entailment/neutral/contradiction or 0/1/2"):
-        load(jsonl(tmp_path / "d.jsonl", rows))
-
-
-@pytest.mark.parametrize("label", [True, 1.5, 3, -2, [1], {"x": 1}, "1.5", "\u0661"])
-def test_values_that_are_not_labels(tmp_path, label):
-    with pytest.raises(DataError, match=r"unknown label value\(s\)"):
-        load(jsonl(tmp_path / "d.jsonl", ROWS + [{**ROWS[0], "hypothesis": "x", "label": label}]))
-
-
-def test_unlabelled_rows_in_every_spelling_are_dropped_and_counted(tmp_path):
-    spellings = [-1, "-1", "-", "", " - ", None, -1.0, "-1.0"]
-    rows = ROWS + [{**ROWS[0], "hypothesis": f"unlabelled {i}", "label": v} for i, v in enumerate(spellings)]
-    rows.append({"premise": ROWS[0]["premise"], "hypothesis": "no label key at all"})
-    splits = load(jsonl(tmp_path / "d.jsonl", rows))
-    assert splits.report.dropped_unlabelled == len(spellings) + 1
-    assert len(all_rows(splits)) == 60
-    assert "dropped 9 unlabelled rows" in str(splits.report)
-
-
 def test_float_labels_like_1_0(tmp_path):
     as_float = [{**r, "label": float(LABELS.index(r["label"]))} for r in ROWS]
     want = sorted(LABELS.index(r["label"]) for r in ROWS)
-    assert sorted(all_rows(load(jsonl(tmp_path / "f.jsonl", as_float)))["label"]) == want
+    assert sorted(all_rows(load(write_jsonl(tmp_path / "f.jsonl", as_float)))["label"]) == want
     pd.DataFrame(as_float).to_csv(tmp_path / "f.csv", index=False)  # "1.0" as text
     assert sorted(all_rows(load(tmp_path / "f.csv"))["label"]) == want
     # An integer column with a gap comes back from parquet as floats with NaN: NaN is "unlabelled".
@@ -234,7 +140,8 @@ def test_numbers_stay_text_in_csv_and_jsonl(tmp_path):
     rows = [{**r, "premise": str(1000 + i // 3)} for i, r in enumerate(ROWS)]
     pd.DataFrame(rows).to_csv(tmp_path / "n.csv", index=False)
     assert set(all_rows(load(tmp_path / "n.csv"))["premise"]) == {str(1000 + i) for i in range(20)}
-    assert set(all_rows(load(jsonl(tmp_path / "n.jsonl", rows)))["premise"]) == {str(1000 + i) for i in range(20)}
+    from_jsonl = all_rows(load(write_jsonl(tmp_path / "n.jsonl", rows)))
+    assert set(from_jsonl["premise"]) == {str(1000 + i) for i in range(20)}
 
 
 @pytest.mark.parametrize("value, kind", [(7, "a number"), ([1, 2], "an array"), ({"a": 1}, "an object"),
@@ -242,12 +149,12 @@ def test_numbers_stay_text_in_csv_and_jsonl(tmp_path):
 def test_premise_that_is_not_text_names_the_line(tmp_path, value, kind):
     rows = ROWS[:3] + [{**ROWS[3], "premise": value}] + ROWS[4:]
     with pytest.raises(DataError, match=f"the premise on line 4 is .* \\({kind}\\), not text"):
-        load(jsonl(tmp_path / "d.jsonl", rows))
+        load(write_jsonl(tmp_path / "d.jsonl", rows))
 
 
 def test_unpaired_surrogate_is_refused(tmp_path):
-    path = jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS] +
-                 ['{"premise": "bad \\ud800 text", "hypothesis": "h", "label": 0}'])
+    path = write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS] +
+                       ['{"premise": "bad \\ud800 text", "hypothesis": "h", "label": 0}'])
     with pytest.raises(DataError, match="hypothesis|premise") as err:
         load(path)
     assert "line 61 is not valid Unicode" in str(err.value)
@@ -256,7 +163,7 @@ def test_unpaired_surrogate_is_refused(tmp_path):
 
 def test_genre_of_any_type_becomes_text(tmp_path):
     rows = [{**r, "genre": [None, 3, "fiction", {"a": 1}][i % 4]} for i, r in enumerate(ROWS)]
-    genres = set(all_rows(load(jsonl(tmp_path / "d.jsonl", rows)))["genre"])
+    genres = set(all_rows(load(write_jsonl(tmp_path / "d.jsonl", rows)))["genre"])
     assert genres == {"unknown", "3", "fiction", "{'a': 1}"}
 
 
@@ -265,7 +172,7 @@ def test_blank_premise_or_hypothesis_is_dropped_and_counted(tmp_path):
     blanks = [{**ROWS[0], "premise": ""}, {**ROWS[1], "premise": "   \t\n"}, {**ROWS[2], "hypothesis": " "},
               {**ROWS[3], "premise": None}, {"hypothesis": "premise key missing", "label": "neutral"},
               {**ROWS[4], "hypothesis": "\u3000"}]  # an ideographic space is whitespace too
-    splits = load(jsonl(tmp_path / "d.jsonl", ROWS + blanks))
+    splits = load(write_jsonl(tmp_path / "d.jsonl", ROWS + blanks))
     assert splits.report.dropped_blank == len(blanks)
     assert len(all_rows(splits)) == 60
     assert "6 with a blank premise or hypothesis" in str(splits.report)
@@ -285,12 +192,12 @@ def test_nan_and_none_premises_in_csv_and_parquet(tmp_path):
 def test_only_blank_rows_is_an_error(tmp_path):
     rows = [{**r, "premise": " "} for r in ROWS]
     with pytest.raises(DataError, match="no usable rows left: of 60 rows, 0 are unlabelled and 60 have a blank"):
-        load(jsonl(tmp_path / "d.jsonl", rows))
+        load(write_jsonl(tmp_path / "d.jsonl", rows))
 
 
 def test_exact_duplicates_are_dropped_and_counted(tmp_path):
     # Exact repeats would count twice in training and evaluation; the first copy is kept.
-    splits = load(jsonl(tmp_path / "d.jsonl", ROWS + ROWS[:10] + ROWS[:2]))
+    splits = load(write_jsonl(tmp_path / "d.jsonl", ROWS + ROWS[:10] + ROWS[:2]))
     assert splits.report.dropped_duplicates == 12
     got = all_rows(splits)
     assert len(got) == 60 and not got.duplicated(["premise", "hypothesis", "label"]).any()
@@ -302,15 +209,15 @@ def test_conflicting_duplicates_are_kept_and_counted(tmp_path):
     # benchmark's own splits keep such rows), and the report says how many there are.
     conflict = {**ROWS[0], "label": "contradiction"}
     assert ROWS[0]["label"] != "contradiction"
-    splits = load(jsonl(tmp_path / "d.jsonl", ROWS + [conflict]))
+    splits = load(write_jsonl(tmp_path / "d.jsonl", ROWS + [conflict]))
     assert splits.report.conflicting_labels == 2 and splits.report.dropped_duplicates == 0
     assert len(all_rows(splits)) == 61
     assert "kept 2 rows whose premise and hypothesis also appear with a different label" in str(splits.report)
 
 
 def test_directory_files_keep_their_own_line_numbers(tmp_path):
-    jsonl(tmp_path / "train.jsonl", ROWS)
-    jsonl(tmp_path / "dev_matched.jsonl", ROWS[:2] + ["not json"])
+    write_jsonl(tmp_path / "train.jsonl", ROWS)
+    write_jsonl(tmp_path / "dev_matched.jsonl", ROWS[:2] + ["not json"])
     with pytest.raises(DataError, match=r"dev_matched\.jsonl line 3 is not valid JSON"):
         load_nli_splits(str(tmp_path))
 
@@ -322,7 +229,7 @@ def test_20000_token_premise_is_truncated_to_max_length(tmp_path, tiny_model_dir
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert len(tok(LONG_TEXT)["input_ids"]) > 20_000
     rows = ROWS + [{"premise": LONG_TEXT, "hypothesis": "a man walks", "label": "entailment"}]
-    splits = load(jsonl(tmp_path / "long.jsonl", rows))
+    splits = load(write_jsonl(tmp_path / "long.jsonl", rows))
     tokenized = tokenize_splits(splits, tok, max_length=48)
     lengths = {split: tokenized[split]["length"] for split in tokenized}
     long_split = next(s for s in splits if LONG_TEXT in splits[s]["premise"])
@@ -366,7 +273,7 @@ def test_a_20000_token_premise_trains_through_the_command(tmp_path):
     rows = ROWS + [{"premise": LONG_TEXT, "hypothesis": "a man walks", "label": "entailment"},
                    {"premise": "short", "hypothesis": LONG_TEXT, "label": "neutral"},
                    {"premise": LONG_TEXT + " again", "hypothesis": LONG_TEXT, "label": "contradiction"}]
-    data, job = jsonl(tmp_path / "long.jsonl", rows), tmp_path / "job"
+    data, job = write_jsonl(tmp_path / "long.jsonl", rows), tmp_path / "job"
     proc = run_task("--profile", "smoke", "--model-name", "tiny-random", "--data", str(data), "--job-dir", str(job),
                     "--epochs", "1", "--batch_size", "16", "--max_length", "64", "--eval_fraction", "0.3",
                     "--no-progress")
@@ -376,24 +283,6 @@ def test_a_20000_token_premise_trains_through_the_command(tmp_path):
 
 
 # -- the output dir: nothing that could pass for a result -------------------------------------------
-@pytest.mark.parametrize("case", ["empty", "truncated-parquet", "truncated-gzip", "invalid-json-line"])
-def test_bad_data_through_the_command_writes_nothing(tmp_path, case):
-    if case == "empty":
-        data, message = tmp_path / "d.jsonl", "is empty"
-        data.write_bytes(b"")
-    elif case == "truncated-parquet":
-        pd.DataFrame(ROWS).to_parquet(tmp_path / "full.parquet")
-        data, message = tmp_path / "d.parquet", "as parquet"
-        data.write_bytes(truncated((tmp_path / "full.parquet").read_bytes()))
-    elif case == "truncated-gzip":
-        data, message = tmp_path / "d.jsonl.gz", "(gzip)"
-        data.write_bytes(truncated(gzip.compress("".join(json.dumps(r) + "\n" for r in ROWS * 20).encode())))
-    else:
-        data, message = jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS[:2]] + ["{oops"]), \
-            "d.jsonl line 3 is not valid JSON"
-    run_fails(tmp_path / "job", message, "--data", str(data))
-
-
 def test_missing_gcs_object_names_the_uri(gcs_bucket, tmp_path):
     uri = f"gs://{gcs_bucket}/data/nope.jsonl"
     with pytest.raises(StorageError, match=f"{uri} does not exist"):
@@ -409,7 +298,7 @@ def test_a_bad_file_on_gcs_is_named_by_its_uri(gcs_bucket, tmp_path):
     from nli_helpers.storage import upload
 
     uri = f"gs://{gcs_bucket}/data/bad.jsonl"
-    upload(jsonl(tmp_path / "bad.jsonl", [json.dumps(ROWS[0]), "[]"]), uri)
+    upload(write_jsonl(tmp_path / "bad.jsonl", [json.dumps(ROWS[0]), "[]"]), uri)
     with pytest.raises(DataError, match=f"{uri} line 2 is a JSON array") as err:
         load_nli_splits(uri)
     assert "nli-data-" not in str(err.value)  # not the temporary copy's path
@@ -491,24 +380,6 @@ def test_damaged_model_dirs_raise_model_error(tmp_path, tiny_model_dir, damage):
         message = "has a config.json that transformers cannot use"
     with pytest.raises(ModelError, match=message):
         load_model_and_tokenizer(str(model))
-
-
-def test_job_dir_that_is_a_file(tmp_path):
-    job = tmp_path / "job"
-    job.write_text("not a directory")
-    run_fails(job, "is not writable")
-    assert job.read_text() == "not a directory"
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
-def test_job_dir_in_a_read_only_directory(tmp_path):
-    parent = tmp_path / "read-only"
-    parent.mkdir()
-    parent.chmod(0o500)
-    try:
-        run_fails(parent / "job", "is not writable")
-    finally:
-        parent.chmod(0o700)
 
 
 def test_gcs_job_dir_in_a_missing_bucket_fails_before_loading_anything(gcs_emulator, tmp_path):

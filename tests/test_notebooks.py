@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from nli_helpers.config import TrainConfig, make_config
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PARAM_FILES = sorted((NOTEBOOK_DIR / "params").glob("*.yaml"))

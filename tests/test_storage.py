@@ -32,6 +32,7 @@ from nli_helpers.storage import (
     upload,
     verify_upload,
 )
+from tests.helpers import ROOT
 
 if TYPE_CHECKING:
     from tests.gcs_emulator import GcsEmulator
@@ -306,7 +307,7 @@ def test_client_without_credentials_explains_how_to_log_in(tmp_path: Path) -> No
         else:
             raise SystemExit("expected StorageError")
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=Path(__file__).parents[1],
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "gcloud auth application-default login" in result.stdout

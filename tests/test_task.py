@@ -1,11 +1,14 @@
 """The command line as users meet it: every mistake gives one clear message and writes nothing."""
 
+import gzip
 import json
+import os
 import re
 
+import pandas as pd
 import pytest
 
-from tests.helpers import run_task
+from tests.helpers import ROWS, run_fails, run_task, truncated, write_jsonl
 
 
 def test_help_lists_every_field_with_its_help():
@@ -35,19 +38,55 @@ def test_mistakes_exit_2_with_one_message_and_no_output(tmp_path, args, message)
     assert not job.exists()
 
 
-def test_unknown_label_in_a_file(tmp_path):
-    data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": "yes"}) + "\n")
-    proc = run_task("--profile", "smoke", "--data", str(data), "--job-dir", str(tmp_path / "job"))
-    assert proc.returncode == 2 and "unknown label value(s) 'yes'" in proc.stderr
-    assert not (tmp_path / "job").exists()
+@pytest.mark.parametrize("case", ["unknown-label", "empty", "truncated-parquet", "truncated-gzip", "invalid-json-line"])
+def test_bad_data_exits_2_with_one_message_and_writes_nothing(tmp_path, case):
+    if case == "unknown-label":
+        data, message = write_jsonl(tmp_path / "d.jsonl", [{"premise": "a", "hypothesis": "b", "label": "yes"}]), \
+            "unknown label value(s) 'yes'"
+    elif case == "empty":
+        data, message = tmp_path / "d.jsonl", "is empty"
+        data.write_bytes(b"")
+    elif case == "truncated-parquet":
+        pd.DataFrame(ROWS).to_parquet(tmp_path / "full.parquet")
+        data, message = tmp_path / "d.parquet", "as parquet"
+        data.write_bytes(truncated((tmp_path / "full.parquet").read_bytes()))
+    elif case == "truncated-gzip":
+        data, message = tmp_path / "d.jsonl.gz", "(gzip)"
+        data.write_bytes(truncated(gzip.compress("".join(json.dumps(r) + "\n" for r in ROWS * 20).encode())))
+    else:
+        data, message = write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS[:2]] + ["{oops"]), \
+            "d.jsonl line 3 is not valid JSON"
+    job = tmp_path / "job"
+    run_fails(job, message, "--data", str(data))
+    assert not job.exists()
 
 
-def test_unwritable_job_dir(tmp_path):
+@pytest.mark.parametrize("case", [
+    "under-a-file",
+    "a-file",
+    pytest.param("in-a-read-only-dir",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")),
+])
+def test_unwritable_job_dir(tmp_path, case):
     blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    proc = run_task("--profile", "smoke", "--job-dir", str(blocker / "job"))
-    assert proc.returncode == 2 and "is not writable" in proc.stderr
+    if case == "under-a-file":
+        blocker.write_text("not a directory")
+        job = blocker / "job"
+    elif case == "a-file":
+        job = blocker
+        blocker.write_text("not a directory")
+    else:
+        parent = tmp_path / "read-only"
+        parent.mkdir()
+        parent.chmod(0o500)
+        job = parent / "job"
+    try:
+        run_fails(job, "is not writable")
+    finally:
+        if case == "in-a-read-only-dir":
+            parent.chmod(0o700)
+    if case != "in-a-read-only-dir":
+        assert blocker.read_text() == "not a directory"  # left as it was
 
 
 def test_a_short_run_writes_every_artefact(tmp_path, tiny_model_dir):
@@ -88,7 +127,6 @@ def test_a_collected_log_holds_one_plain_line_per_log_interval_and_no_bar(tmp_pa
 
 def test_a_terminal_gets_the_live_bar_instead(tmp_path, tiny_model_dir):
     import fcntl
-    import os
     import pty
     import struct
     import subprocess
