@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 # Every notebook, headless (papermill), into runs/<timestamp>/, then a one-screen summary.
-# Notebooks 04-05 submit to Vertex AI: offline, they run against the local fake of it and the Cloud
-# Storage emulator (tests/fake_vertex.py), whose jobs really train from the staged package.
+# Notebooks 04-05 submit to Vertex AI: offline, they run against localcloud/ (a Cloud Storage emulator and a fake
+# of Vertex AI whose jobs really train in the trainer image's stand-in, built once per package version).
 demo: $(STAMP)
-	$(BIN)/python -m tests.fake_vertex -- $(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
+	$(BIN)/python -m localcloud -- $(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
 train-smoke: $(STAMP)
@@ -70,7 +70,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check nli_helpers tests
+	$(BIN)/ruff check nli_helpers localcloud tests benchmarks
+	$(BIN)/lint-imports
 
 # Re-pin after changing dependency ranges: the venv's exact versions become the constraints.
 constraints: $(STAMP)

@@ -67,13 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from tests.gcs_emulator import EMULATOR_ENV, GcsEmulator, _start_on_free_port
+    from localcloud.gcs import start_emulator
 
-    server, port = _start_on_free_port()
-    emulator = GcsEmulator(host=f"http://127.0.0.1:{port}", server=server)
+    emulator = start_emulator()
     emulator.make_bucket("preemption")
-    env = {**os.environ, **EMULATOR_ENV, "STORAGE_EMULATOR_HOST": emulator.host, "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, **emulator.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     results: dict[str, list[dict]] = {"local": [], "gcs_emulator": []}
     size = None
     try:
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 gcs = f"gs://preemption/run-{i}/checkpoints"
                 results["gcs_emulator"].append(run_once(gcs, Path(tmp) / f"gcs-{i}" / "job", env))
     finally:
-        server.stop()
+        emulator.stop()
     summary = {where: {key: median(r[key] for r in runs) for key in ("to_checkpoint_s", "to_exit_s")}
                for where, runs in results.items()}
     report = {"model": "minilm-l6", "checkpoint_bytes": size, "median": summary, "runs": results,

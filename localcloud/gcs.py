@@ -1,30 +1,22 @@
-"""Pytest fixtures that run a real, local Cloud Storage: gcp-storage-emulator, in-process.
+"""A real, local Cloud Storage: gcp-storage-emulator, in this process, on a free loopback port.
 
-Enable them from tests/conftest.py with `pytest_plugins = ["tests.gcs_emulator"]` (or on the
-command line: `pytest -p tests.gcs_emulator`). Then:
+    emulator = start_emulator()          # google-cloud-storage and gcsfs follow STORAGE_EMULATOR_HOST
+    os.environ.update(emulator.env)
+    emulator.make_bucket("my-bucket")
+    ...
+    emulator.stop()
 
-    def test_round_trip(gcs_bucket):          # a fresh, empty bucket per test
-        upload("model/", f"gs://{gcs_bucket}/model")
-
-`gcs_emulator` (session-scoped) starts the emulator once on a free loopback port and points
-google-cloud-storage (and gcsfs) at it through STORAGE_EMULATOR_HOST; no credentials or network
-are needed, and the environment is restored when the session ends.
+No credentials or network are needed. tests/gcs_emulator.py wraps it in pytest fixtures; LocalCloud uses it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pytest
 from gcp_storage_emulator.server import Server, create_server
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-
-from nli_helpers.storage import get_client
 
 EMULATOR_ENV = {
     "GOOGLE_CLOUD_PROJECT": "local-test",
@@ -32,7 +24,6 @@ EMULATOR_ENV = {
     # answer, and waits 60 s per bucket unless told not to.
     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
 }
-_bucket_numbers = itertools.count()
 
 
 @dataclass
@@ -41,6 +32,11 @@ class GcsEmulator:
 
     host: str
     server: Server
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables that point google-cloud-storage and gcsfs at this emulator."""
+        return {"STORAGE_EMULATOR_HOST": self.host, **EMULATOR_ENV}
 
     def client(self) -> storage.Client:
         """A client bound to this emulator whatever the environment says."""
@@ -63,8 +59,13 @@ class GcsEmulator:
         metadata["crc32c"] = "AAAAAA=="
         metadata["md5Hash"] = "AAAAAAAAAAAAAAAAAAAAAA=="
 
+    def stop(self) -> None:
+        self.server.stop()
 
-def _start_on_free_port() -> tuple[Server, int]:
+
+def start_emulator() -> GcsEmulator:
+    """Start an in-memory emulator on a free loopback port."""
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)  # a warning per JSON response otherwise
     # Port 0 lets the OS pick a free port at bind time, with no race against other processes;
     # the emulator does not expose the bound port, so read it from its HTTP server.
     server = create_server("127.0.0.1", 0, in_memory=True)
@@ -73,33 +74,4 @@ def _start_on_free_port() -> tuple[Server, int]:
     if httpd is None:
         server.stop()
         raise RuntimeError("gcp-storage-emulator changed its internals: cannot find its bound port")
-    return server, httpd.server_address[1]
-
-
-@pytest.fixture(scope="session")
-def gcs_emulator() -> Iterator[GcsEmulator]:
-    """The session's in-process Cloud Storage emulator, with the environment pointing at it."""
-    # It logs a warning for every JSON response; keep test logs readable.
-    logging.getLogger("gcp_storage_emulator").setLevel(logging.ERROR)
-    server, port = _start_on_free_port()
-    host = f"http://127.0.0.1:{port}"
-    env = {"STORAGE_EMULATOR_HOST": host, **EMULATOR_ENV}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    get_client.cache_clear()
-    try:
-        yield GcsEmulator(host=host, server=server)
-    finally:
-        server.stop()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        get_client.cache_clear()
-
-
-@pytest.fixture
-def gcs_bucket(gcs_emulator: GcsEmulator) -> str:
-    """A new, empty bucket for this test; returns its name (no gs:// prefix)."""
-    return gcs_emulator.make_bucket(f"test-bucket-{next(_bucket_numbers)}")
+    return GcsEmulator(host=f"http://127.0.0.1:{httpd.server_address[1]}", server=server)

@@ -1,4 +1,4 @@
-"""How the fake of Vertex AI (tests/fake_vertex.py) runs a custom job, rule by rule as Vertex AI documents it.
+"""How the fake of Vertex AI (localcloud/vertex.py) runs a custom job, rule by rule as Vertex AI documents it.
 
 Every rule below cites the page it models. The pages (read 2026-11-22/23; Google now also files them under
 "Gemini Enterprise Agent Platform", same API):
@@ -48,18 +48,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
-import tarfile
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from email.parser import Parser
 from pathlib import Path
 
 from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJob, JobState
-from packaging.requirements import Requirement
+
+from nli_helpers import packaging
 
 # Rule 2: the PyTorch rows of the prebuilt training images table (PREBUILT, read 2026-11-22): name -> (torch, Python).
 PUBLISHED_PYTORCH_IMAGES = {
@@ -86,21 +86,61 @@ def published_image(uri: str) -> tuple[str, str] | None:
     return PUBLISHED_PYTORCH_IMAGES.get(name)
 
 
-def sdist_requirements(sdist: Path) -> list[Requirement]:
-    """The Requires-Dist lines of an sdist's PKG-INFO, without extras-only requirements."""
-    with tarfile.open(sdist) as tar:
-        member = next(m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
-        info = Parser().parsestr(tar.extractfile(member).read().decode())
-    requirements = [Requirement(line) for line in info.get_all("Requires-Dist") or []]
-    return [r for r in requirements if not (r.marker and "extra" in str(r.marker))]
-
-
 def pip_keeps_torch(sdist: Path, image_torch: str) -> tuple[bool, str]:
     """Rule 3: would `pip install SDIST` keep the image's torch? And the sdist's torch requirement, as text."""
-    torch = next((r for r in sdist_requirements(sdist) if r.name == "torch"), None)
+    torch = next((r for r in packaging.sdist_requirements(sdist) if r.name == "torch"), None)
     if torch is None:
         return True, "no torch requirement"
     return torch.specifier.contains(image_torch, prereleases=True), str(torch)
+
+
+# -- what Vertex checks on create ----------------------------------------------------------------------------------
+def server_side_problem(proto: CustomJob) -> str | None:
+    """The rules Vertex checks on create that the SDK does not."""
+    pools = proto.job_spec.worker_pool_specs
+    if not pools:
+        return "job_spec.worker_pool_specs must not be empty"
+    if pools[0].replica_count != 1:
+        return "the first worker pool (the chief) must have replica_count 1"
+    if not proto.job_spec.base_output_directory.output_uri_prefix.startswith("gs://"):
+        return "base_output_directory must be a gs:// URI"
+    for i, pool in enumerate(pools):
+        image = pool.python_package_spec.executor_image_uri if "python_package_spec" in pool else None
+        if image is not None and published_image(image) is None:  # rule 2
+            return (f"workerpool{i}: executor_image_uri {image} is not a prebuilt training image with the :latest "
+                    "tag (PythonPackageSpec: \"You must use an image from this list\")")
+    bad = [k for k in proto.labels if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)]
+    return f"invalid label keys: {bad}" if bad else None
+
+
+
+def api_error(code: int, status: str, message: str) -> tuple[int, dict]:
+    return code, {"error": {"code": code, "message": message, "status": status}}
+
+
+
+# -- a job and its replicas -----------------------------------------------------------------------------------------
+@dataclass
+class FakeJob:
+    proto: CustomJob
+    request_body: dict
+    log: str = ""
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    preemptions: int = 0
+    cancel_requested: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)  # replicas are running
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def note(self, text: str) -> None:
+        self.log += f"[fake] {text}\n"
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [r.process for r in self.replicas.values() if r.process is not None]
+
+    def running(self) -> list[subprocess.Popen]:
+        return [p for p in self.processes if p.poll() is None]
+
 
 
 # -- a replica: one "container" -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Hyperparameter-tuning jobs for tests/fake_vertex.py: create / get / list / cancel, and trials that really run.
+"""Hyperparameter-tuning jobs for localcloud/vertex.py: create / get / list / cancel, and trials that really run.
 
 `FakeVertex.handle` hands every `.../hyperparameterTuningJobs...` request here. A create body is parsed into
 the SDK's own `aiplatform_v1.HyperparameterTuningJob` proto (an unknown field is a 400, as on Vertex) and
@@ -46,7 +46,7 @@ from google.cloud.aiplatform_v1.types import (
     Trial,
 )
 
-from tests import fake_vertex as base
+from localcloud import rules
 
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/hyperparameterTuningJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/hyperparameterTuningJobs/[^/:]+)(:cancel)?$")
@@ -59,7 +59,7 @@ Scale = StudySpec.ParameterSpec.ScaleType
 class FakeTuningJob:
     proto: HyperparameterTuningJob
     request_body: dict
-    children: dict[str, base.FakeJob] = field(default_factory=dict)  # trial id -> its custom job
+    children: dict[str, rules.FakeJob] = field(default_factory=dict)  # trial id -> its custom job
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -74,7 +74,7 @@ def created_tuning_bodies(fake) -> list[dict]:
     return [r.body for r in fake.requests if r.method == "POST" and _COLLECTION.match(r.path)]
 
 
-def wait(fake, name: str, timeout: float = base.JOB_TIMEOUT_S) -> HyperparameterTuningJob:
+def wait(fake, name: str, timeout: float = rules.JOB_TIMEOUT_S) -> HyperparameterTuningJob:
     job = tuning_jobs(fake)[name]
     if not job.done.wait(timeout):
         raise TimeoutError(f"{name} still running after {timeout} s")
@@ -96,9 +96,9 @@ def handle_tuning(fake, method: str, path: str, query: dict, body: dict | None) 
         if method == "POST" and job.group(2):
             return _cancel(fake, jobs[job.group(1)])
     if job:
-        return base._error(404, "NOT_FOUND", f"{job.group(1)} not found")
+        return rules.api_error(404, "NOT_FOUND", f"{job.group(1)} not found")
     fake.unknown_requests.append(fake.requests[-1])
-    return base._error(404, "NOT_FOUND", f"the fake does not serve {method} {path}")
+    return rules.api_error(404, "NOT_FOUND", f"the fake does not serve {method} {path}")
 
 
 def _json(proto: HyperparameterTuningJob, query: dict) -> dict:
@@ -111,10 +111,10 @@ def _create(fake, parent: str, body: dict) -> tuple[int, dict]:
     try:
         proto = HyperparameterTuningJob.from_json(json.dumps(body))  # unknown fields raise, as on Vertex
     except Exception as err:  # noqa: BLE001 - the parser's message is the 400's message
-        return base._error(400, "INVALID_ARGUMENT", f"invalid HyperparameterTuningJob: {err}")
+        return rules.api_error(400, "INVALID_ARGUMENT", f"invalid HyperparameterTuningJob: {err}")
     problem = _server_side_problem(proto)
     if problem:
-        return base._error(400, "INVALID_ARGUMENT", problem)
+        return rules.api_error(400, "INVALID_ARGUMENT", problem)
     now = dt.datetime.now(dt.timezone.utc)
     proto.name = f"{parent}/hyperparameterTuningJobs/{next(fake._ids)}"
     proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, now, now
@@ -136,7 +136,7 @@ def _server_side_problem(proto: HyperparameterTuningJob) -> str | None:
             return f"parameter {p.parameter_id}: {problem}"
     if proto.max_trial_count < 1 or proto.parallel_trial_count < 1:
         return "max_trial_count and parallel_trial_count must be positive"
-    return base.server_side_problem(CustomJob(display_name="trial", job_spec=proto.trial_job_spec))
+    return rules.server_side_problem(CustomJob(display_name="trial", job_spec=proto.trial_job_spec))
 
 
 def _parameter_problem(p: StudySpec.ParameterSpec, algorithm) -> str | None:
@@ -227,7 +227,7 @@ def _run_trial(fake, job: FakeTuningJob, i: int, n: int, metrics_dir: Path) -> N
                 "(cloudml-hypertune file empty or missing)")
 
 
-def _child_job(fake, job: FakeTuningJob, trial_id: str, params: list, metric_file: Path) -> base.FakeJob:
+def _child_job(fake, job: FakeTuningJob, trial_id: str, params: list, metric_file: Path) -> rules.FakeJob:
     """The custom job behind one trial: the trial job spec, the trial's args, env and output dir."""
     spec = CustomJobSpec.deserialize(CustomJobSpec.serialize(job.proto.trial_job_spec))
     spec.base_output_directory.output_uri_prefix = f"{spec.base_output_directory.output_uri_prefix.rstrip('/')}/{trial_id}"
@@ -241,7 +241,7 @@ def _child_job(fake, job: FakeTuningJob, trial_id: str, params: list, metric_fil
     proto = CustomJob(display_name=f"{job.proto.display_name}-trial-{trial_id}", job_spec=spec,
                       name=f"{job.proto.name.split('/hyperparameterTuningJobs/')[0]}/customJobs/{next(fake._ids)}",
                       state=JobState.JOB_STATE_PENDING, create_time=now, update_time=now)
-    child = fake.jobs[proto.name] = base.FakeJob(proto, {})
+    child = fake.jobs[proto.name] = rules.FakeJob(proto, {})
     job.children[trial_id] = child
     return child
 
@@ -267,14 +267,14 @@ def _final(study: StudySpec, measurements: list[Measurement]) -> Measurement:
 
 def _cancel(fake, job: FakeTuningJob) -> tuple[int, dict]:
     with fake._lock:
-        if job.proto.state in base._TERMINAL:
-            return base._error(400, "FAILED_PRECONDITION", f"{job.proto.name} has already ended")
+        if job.proto.state in rules.TERMINAL:
+            return rules.api_error(400, "FAILED_PRECONDITION", f"{job.proto.name} has already ended")
         job.cancelled = True
         if job.proto.state == JobState.JOB_STATE_PENDING:  # never started (a queue-only fake)
             _finish(job, JobState.JOB_STATE_CANCELLED, "cancelled by the user")
             return 200, {}
         job.proto.state = JobState.JOB_STATE_CANCELLING
-        running = [c for c in job.children.values() if c.proto.state not in base._TERMINAL]
+        running = [c for c in job.children.values() if c.proto.state not in rules.TERMINAL]
     for child in running:
         fake._cancel(child)
     return 200, {}

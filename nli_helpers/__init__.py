@@ -1,18 +1,29 @@
 """nli_helpers: fine-tune a transformer on natural-language inference, on a notebook or on Vertex AI.
 
-The modules, in the order data flows through them: `config` (TrainConfig, profiles) -> `data`
-(load, split by premise, tokenise, length-grouped batches) -> `model` (tokenizer + classifier,
-predict) -> `train` (the loop, export) -> `metrics`. `task` is the command line on top. Around the loop:
-`checkpoint` (exact resume), `tracking` (TensorBoard, the hypertune report), `distributed` / `launch`
-(torchrun, Vertex clusters); after it: `evaluation` (scores, calibration, errors, prediction on files).
-In the cloud: `storage` (gs://), `packaging`, `vertex` (jobs), `tuning` (sweeps and tuning jobs), `pricing`.
+The modules, in layers (a module imports only those below it; `make lint` checks it, pyproject.toml
+[tool.importlinter]):
+
+    task, launch            the commands a job runs: train + evaluate; torchrun on a Vertex cluster
+    plots, tuning, explore  figures; Vertex AI tuning jobs; looking at the data
+    run, sweep              one training run, saved (local or gs://); a local sweep of notebook runs
+    train, evaluation,      the loop in one function; scoring and predicting with a saved model;
+    vertex/                 Vertex AI jobs (images, worker pools, preflight, submit / watch / fetch)
+    checkpoint, tracking,   exact resume; TensorBoard and the hypertune report; tokenising and length-grouped
+    batching, model,        batches; model loading and prediction; scores; the sdist and the venv the trainer
+    metrics, packaging      image would be
+    data, distributed,      labels, splits, sources; processes and ranks; GPU and precision; machine prices;
+    hardware, pricing,      where notebook runs go
+    notebook_runs
+    storage, tables,        gs:// and local paths; reading one file; progress lines; the callback interface
+    progress, callbacks
+    config                  TrainConfig, profiles, errors
+
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 
-from .config import ConfigError, NLIError, TrainConfig, make_config
+from .config import ConfigError, NLIError, TrainConfig, __version__, make_config
 
-__version__ = "0.1.0"
-__all__ = ["ConfigError", "NLIError", "TrainConfig", "make_config", "run_training", "predict",
+__all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config", "run_training", "predict",
            "load_nli_splits"]
 
 

@@ -23,6 +23,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+__version__ = "0.1.0"  # the package's version, as pyproject.toml gives it (tests/test_architecture.py checks both)
+
 
 class NLIError(Exception):
     """A mistake the user can fix: the message says what went wrong and what to do."""
@@ -249,10 +251,13 @@ def resolve_profile(profile: str) -> tuple[str, str]:
     return "full", f"auto: CUDA GPU ({torch.cuda.get_device_name(0)}) and the hub are reachable"
 
 
-def make_config(profile: str = "auto", verbose: bool = False, **overrides: Any) -> TrainConfig:
+def make_config(profile: str = "auto", verbose: bool = False, *, smoke_cap: int | None = None,
+                **overrides: Any) -> TrainConfig:
     """Build a TrainConfig: field defaults, then the profile's defaults, then `overrides`.
 
-    `profile="auto"` is resolved here, so the returned config names `smoke` or `full`.
+    `profile="auto"` is resolved here, so the returned config names `smoke` or `full`. `smoke_cap` keeps a smoke
+    run short on a CPU, even on a large data file: on `smoke`, the training pairs and the pairs per validation
+    split that `overrides` leave unset are capped at that many (other profiles ignore it).
     """
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
@@ -267,5 +272,7 @@ def make_config(profile: str = "auto", verbose: bool = False, **overrides: Any) 
         values["data"] = given.get("data") or os.environ.get("NLI_REAL_DATA") or "sample"
         if values["data"] != "sample":
             values.update(PROFILE_DEFAULTS["smoke_real_data"])
+    if name == "smoke" and smoke_cap is not None:
+        values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap)
     values.update(given, profile=name)
     return TrainConfig(**values)

@@ -1,33 +1,40 @@
-"""Look inside the trainer's sdist and install it into a fresh venv the way Vertex AI's prebuilt PyTorch image does.
+"""Look inside the trainer's sdist and install it into a venv the way docker/Dockerfile builds the trainer image.
 
-Vertex's python-package path runs `pip install <sdist>` (no extras) on an image that already holds torch, then
+The image is Python with the pinned torch, then `pip install <sdist>[smoke]` under constraints.txt, and runs
 `python -m nli_helpers.task ARGS`. This module repeats that on your machine, so a broken package fails here, not
-twenty minutes into a cloud job (notebook 03, tests/test_packaging.py and the Vertex fake in tests/ all use it):
+twenty minutes into a cloud job (notebook 03, tests/test_packaging.py and the local Vertex fake all use it):
 
-    >>> sdist = vertex.build_sdist("runs/package/dist")
-    >>> sdist_members(sdist)                                  # [(path inside the sdist, bytes), ...]
-    >>> python = make_container_venv("runs/package/venv")    # a fresh venv holding only the pinned torch
-    >>> install_sdist(python, sdist)                          # pip install <sdist>, as Vertex does
-    >>> run_task(python, make_config("smoke", model_name="tiny-random", job_dir="runs/package/job"), cwd=...)
+    >>> sdist = build_sdist("runs/package/dist")
+    >>> sdist_members(sdist)                        # [(path inside the sdist, bytes), ...]
+    >>> venv = image_venv(sdist)                    # pinned torch, then pip install <sdist>[smoke]; cached
+    >>> run_task(venv.python, make_config("smoke", job_dir="runs/package/job"), cwd="runs/package")
 
-pip installs under the project's constraints.txt (the tested pins; the checkout has it, the sdist does not), so
-the check is reproducible; on Vertex pip resolves the package's ranges instead, which is why they are ranges.
+`image_venv` keeps each venv under ~/.cache/nli-helpers/image-venv/ ($NLI_CACHE_DIR), keyed by the sdist's
+content, the extras, constraints.txt and this Python: the same package is installed once, and notebook 03, the
+tests and every job of the local Vertex fake reuse it. pip installs under constraints.txt (the tested pins; the
+checkout has it, the sdist does not), so the check is reproducible; the image installs under the same file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from email.parser import Parser
 from pathlib import Path
 
+from filelock import FileLock
+from packaging.requirements import Requirement
+
 from nli_helpers import storage
-from nli_helpers.config import NLIError, TrainConfig
+from nli_helpers.config import NLIError, TrainConfig, make_config
 
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 # What a container would not have: the checkout on the path, the notebook's venv, the developer's data file; and
@@ -105,6 +112,15 @@ def sdist_members(sdist: str | Path) -> list[tuple[str, int]]:
         return sorted((m.name.split("/", 1)[1], m.size) for m in tar.getmembers() if m.isfile() and "/" in m.name)
 
 
+def sdist_requirements(sdist: str | Path) -> list[Requirement]:
+    """What the sdist asks pip for: the Requires-Dist lines of its PKG-INFO, without extras-only requirements."""
+    with tarfile.open(sdist) as tar:
+        member = next(m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
+        info = Parser().parsestr(tar.extractfile(member).read().decode())
+    requirements = [Requirement(line) for line in info.get_all("Requires-Dist") or []]
+    return [r for r in requirements if not (r.marker and "extra" in str(r.marker))]
+
+
 def _pip(python: Path, *args: str, constraints: str | Path | None = None) -> subprocess.CompletedProcess:
     command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-c",
                str(constraints_file(constraints)), *args]
@@ -141,6 +157,70 @@ def install_sdist(python: str | Path, sdist: str | Path, *, extras: str = "",
     return Install(tuple(done[-1].split()) if done else (), time.perf_counter() - start)
 
 
+@dataclass(frozen=True)
+class ImageVenv:
+    """A venv built as docker/Dockerfile builds the trainer image (see `image_venv`)."""
+
+    python: Path
+    torch: str         # the torch version installed before the sdist
+    install: Install   # what `pip install <sdist>[extras]` did when the venv was built
+    reused: bool       # built earlier from the same sdist content, extras, constraints and Python
+
+
+def cache_dir() -> Path:
+    """Where built venvs are kept: $NLI_CACHE_DIR, else ~/.cache/nli-helpers."""
+    return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
+
+
+def sdist_digest(sdist: str | Path, *extra: bytes) -> str:
+    """A hash of the sdist's files (names and bytes, not their timestamps: two builds of one tree agree) and `extra`."""
+    digest = hashlib.sha256()
+    with tarfile.open(sdist) as tar:
+        for member in sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name):
+            digest.update(member.name.split("/", 1)[-1].encode() + b"\0" + tar.extractfile(member).read())
+    for part in extra:
+        digest.update(part + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def image_venv(sdist: str | Path, *, extras: str = "smoke", torch_index_url: str | None = None,
+               constraints: str | Path | None = None, rebuild: bool = False) -> ImageVenv:
+    """The venv the trainer image would be: the pinned torch alone, then `pip install <sdist>[extras]`.
+
+    Built once per sdist content, extras, constraints file and Python version, under cache_dir()/image-venv/, and
+    reused after that (`rebuild=True` builds it again). A build that did not finish is thrown away; a lock file
+    keeps two processes from building the same venv at once.
+    """
+    sdist, constraints = Path(sdist), constraints_file(constraints)
+    if not sdist.is_file():
+        raise PackagingError(f"package {sdist} does not exist: build it with packaging.build_sdist()")
+    key = sdist_digest(sdist, extras.encode(), constraints.read_bytes(), sys.version.encode(),
+                       (torch_index_url or "").encode())
+    folder = cache_dir() / "image-venv" / key
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        record = folder / "image.json"
+        if record.is_file() and not rebuild:
+            built = json.loads(record.read_text())
+            return ImageVenv(folder / "venv" / "bin" / "python", built["torch"],
+                             Install(tuple(built["install"]["installed"]), built["install"]["seconds"]), reused=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        python = make_container_venv(folder / "venv", torch_index_url=torch_index_url, constraints=constraints)
+        torch = installed_version(python, "torch", cwd=folder)
+        install = install_sdist(python, sdist, extras=extras, constraints=constraints)
+        record.write_text(json.dumps({"sdist": sdist.name, "extras": extras, "torch": torch,
+                                      "install": asdict(install)}, indent=1))
+    return ImageVenv(python, torch, install, reused=False)
+
+
+def remove_image_venvs() -> int:
+    """Delete every cached image venv; return how many there were."""
+    folders = [p for p in (cache_dir() / "image-venv").glob("*") if p.is_dir()]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(folders)
+
+
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without what a container would not have, plus `extra`."""
     return {**{k: v for k, v in os.environ.items() if k not in HOST_ONLY_ENV}, "NO_COLOR": "1", **(extra or {})}
@@ -158,6 +238,17 @@ def installed_version(python: str | Path, dist: str, *, cwd: str | Path) -> str:
     proc = run_module(python, "pip", ["show", dist], cwd=cwd)
     found = re.search(r"^Version: (\S+)$", proc.stdout, re.M)
     return found.group(1) if found else ""
+
+
+def check_run_config(profile: str = "auto", *, extras: str = "smoke", verbose: bool = False,
+                     **overrides) -> TrainConfig:
+    """The config of a check run of the installed package (notebook 03): `make_config`, except that on `smoke`
+    without a model named it trains `tiny-random` (built from the package's own sample) when `extras` leave out
+    [smoke], which brings the MiniLM weights."""
+    cfg = make_config(profile, verbose=verbose, **overrides)
+    if cfg.profile == "smoke" and overrides.get("model_name") is None and "smoke" not in extras.split(","):
+        cfg = make_config("smoke", **{**overrides, "model_name": "tiny-random"})
+    return cfg
 
 
 def run_task(python: str | Path, cfg: TrainConfig, *, cwd: str | Path) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
 """Local stand-ins for Google Cloud while nbval runs notebooks 04 and 05 (Vertex AI) in CI; nothing to do for the others.
 
-Before the kernel of `04_submit_vertex.ipynb` (or `05_tune_hyperparameters.ipynb`) starts, this starts `tests.fake_vertex.LocalCloud`: the Cloud Storage
-emulator and the fake of the Vertex AI REST surface on free loopback ports, a staging bucket, and the variables
-the notebook reads from the environment:
+Before the kernel of `04_submit_vertex.ipynb` (or `05_tune_hyperparameters.ipynb`) starts, this starts
+`localcloud.LocalCloud`: the Cloud Storage emulator and the fake of the Vertex AI REST surface on free loopback
+ports, a staging bucket, and the variables the notebook reads from the environment:
 
     STORAGE_EMULATOR_HOST     nli_helpers.storage uses the emulator, with anonymous credentials
     NLI_VERTEX_API_ENDPOINT   vertex.init_vertex uses the fake (a plain-HTTP endpoint: anonymous credentials)
@@ -10,10 +10,9 @@ the notebook reads from the environment:
     NLI_STAGING_BUCKET        the gs:// bucket for the staged sdist and the job outputs
 
 The notebook runs exactly the production code path; nothing in it knows it is under test. The fake runs each job's
-training replicas from the staged sdist in a venv holding only torch, as Vertex's prebuilt PyTorch image does
-(shared with the Vertex tests when they run in the same pytest process). After the notebook's last cell the
-servers stop and the environment is restored. For papermill runs, `python -m tests.fake_vertex -- papermill ...`
-does the same around any command.
+replicas in the trainer image's stand-in (localcloud/image.py: cached by the sdist's content, so shared with
+notebook 03 and the Vertex tests). After the notebook's last cell the servers stop and the environment is
+restored. For papermill runs, `python -m localcloud -- papermill ...` does the same around any command.
 
 Why hooks and not a session-scoped autouse fixture: nbval's cells are plain pytest Items, not test functions, so
 pytest sets up no fixtures for them (checked with nbval 0.11 and pytest 9: such a fixture never runs). nbval
@@ -24,14 +23,12 @@ inherits the variables.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
+from localcloud import LocalCloud
+
 CLOUD_NOTEBOOKS = ("04_submit_vertex.ipynb", "05_tune_hyperparameters.ipynb")
-_running: dict = {}
-_tmp_dirs: list[Path] = []
+_running: dict[str, LocalCloud] = {}
 
 
 def _is_cloud_notebook(item: pytest.Item | None) -> bool:
@@ -40,10 +37,7 @@ def _is_cloud_notebook(item: pytest.Item | None) -> bool:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if _is_cloud_notebook(item) and "cloud" not in _running:
-        from tests.fake_vertex import LocalCloud
-
         _running["cloud"] = LocalCloud()
-        _tmp_dirs.append(_running["cloud"].tmp)
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -54,5 +48,3 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if "cloud" in _running:
         _running.pop("cloud").stop()
-    for tmp in _tmp_dirs:  # the container venv lives here unless the tests made it first
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from localcloud.vertex import free_port
 from nli_helpers import hardware
 from nli_helpers.config import ConfigError, make_config
 from tests.helpers import ROOT, run_task
@@ -129,8 +130,6 @@ def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, tiny_
 
 # -- 5. a resume that would change the run is refused --------------------------------------------------------------
 def torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    from tests.fake_vertex import free_port
-
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                            f"--master-port={free_port()}", "--module", "nli_helpers.task", *args],
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,

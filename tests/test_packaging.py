@@ -2,20 +2,18 @@
 
 The image's stand-in (`trainer_image_python`, shared with the Vertex tests) is a venv that first held only the
 pinned torch; the sdist went in on top, with its [smoke] extra, under constraints.txt, and must have left that
-torch alone. It is cached by the sdist's content (tests/fake_vertex.py), so it was built from exactly this
-package. The steps are `nli_helpers.packaging`'s, which notebook 03 shows.
+torch alone. `packaging.image_venv` caches it by the sdist's content, so it was built from exactly this package,
+and notebook 03, the local Vertex fake's jobs and these tests share it.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from nli_helpers import packaging
 from nli_helpers.config import make_config
 from nli_helpers.vertex import build_sdist
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_path
 
@@ -53,3 +51,22 @@ def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sd
     assert metrics["train"]["examples"] == 64
     assert metrics["parameters"] > 20e6  # MiniLM-L6, not the tiny random model
     assert 0 <= metrics["validation_matched"]["accuracy"] <= 1
+
+
+def test_the_image_venv_is_built_once_per_package_content(trainer_image_python, sdist_path, tmp_path):
+    again = packaging.image_venv(sdist_path)
+    assert (again.python, again.reused) == (trainer_image_python, True)
+    assert again.torch.split("+")[0] == packaging.pinned_torch() and again.install.installed
+    # Two builds of one tree differ in timestamps only: the same key, so notebook 03 reuses the fake's venv.
+    rebuilt = build_sdist(tmp_path)
+    assert packaging.sdist_digest(rebuilt) == packaging.sdist_digest(sdist_path)
+    # Anything else that goes into the venv changes the key.
+    assert packaging.sdist_digest(sdist_path, b"smoke") != packaging.sdist_digest(sdist_path, b"")
+
+
+def test_the_check_run_trains_tiny_random_when_the_extras_leave_out_the_smoke_model(tmp_path):
+    job = str(tmp_path / "job")
+    assert packaging.check_run_config("smoke", extras="smoke", job_dir=job).model_name == "minilm-l6"
+    assert packaging.check_run_config("smoke", extras="", job_dir=job).model_name == "tiny-random"
+    assert packaging.check_run_config("smoke", extras="", model_name="minilm-l6").model_name == "minilm-l6"
+    assert packaging.check_run_config("full", extras="").model_name == "roberta-base"

@@ -17,6 +17,7 @@ import pytest
 from google.cloud.aiplatform import hyperparameter_tuning as hpt
 from google.cloud.aiplatform_v1.types import Scheduling
 
+from localcloud.tuning import created_tuning_bodies
 from nli_helpers import plots, storage, sweep, tuning, vertex
 from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.vertex import Machine
@@ -103,8 +104,6 @@ def test_tuning_job_request_body(fake_vertex, gcs_bucket):
                                   labels={"team": "nlp"})
     job = tuning.submit_tuning_job(job, service_account=SERVICE_ACCOUNT, tensorboard=TENSORBOARD, spot=True,
                                    timeout_s=7200)
-
-    from tests.fake_vertex_tuning import created_tuning_bodies  # after pytest_plugins has loaded the fake
 
     (body,) = created_tuning_bodies(fake_vertex)
     assert (body["displayName"], body["labels"]) == ("nli-hp", {"team": "nlp"})

@@ -15,6 +15,8 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
 
+import nli_helpers
+from localcloud import TRAINER_IMAGE
 from nli_helpers import pricing, storage, vertex
 from nli_helpers.config import make_config
 from nli_helpers.task import config_from_args
@@ -262,19 +264,25 @@ def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):
         vertex.init_vertex(PROJECT, REGION, "gs://bucket")
 
 
-def test_init_takes_the_endpoint_and_project_from_the_environment(fake_vertex, gcs_bucket, monkeypatch):
-    # What notebook 04 relies on in CI: nothing but the environment points it at the fake.
+def test_init_takes_every_setting_it_is_not_given_from_the_environment(fake_vertex, gcs_bucket, monkeypatch):
+    # What notebooks 04 and 05 rely on in CI: nothing but the environment points them at the fake.
     monkeypatch.setenv(vertex.API_ENDPOINT_ENV, fake_vertex.endpoint)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "env-project")
-    assert vertex.init_vertex(None, REGION, f"gs://{gcs_bucket}") == fake_vertex.endpoint  # plain HTTP: anonymous
-    vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/t:1"),
+    monkeypatch.setenv("NLI_STAGING_BUCKET", f"gs://{gcs_bucket}")
+    cloud = vertex.init_vertex()  # plain HTTP: anonymous
+    assert cloud == vertex.VertexSettings("env-project", "us-central1", f"gs://{gcs_bucket}", fake_vertex.endpoint,
+                                          f"us-central1-docker.pkg.dev/env-project/nli/trainer:{nli_helpers.__version__}")
+    assert vertex.init_vertex(region="europe-west4", image_uri="gcr.io/p/t:1").image_uri == "gcr.io/p/t:1"
+    vertex.init_vertex()
+    vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), cloud.image_uri),
                              base_output_dir=f"gs://{gcs_bucket}/run-env")
     (create,) = [r for r in fake_vertex.requests if r.method == "POST"]
     assert create.path == "/v1/projects/env-project/locations/us-central1/customJobs"
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     with pytest.raises(vertex.VertexError, match="no Google Cloud project: pass project="):
-        vertex.init_vertex(None, REGION, f"gs://{gcs_bucket}")
-    with pytest.raises(vertex.VertexError, match="Vertex needs a gs://BUCKET.*--location=us-central1"):
+        vertex.init_vertex()
+    monkeypatch.delenv("NLI_STAGING_BUCKET")
+    with pytest.raises(vertex.VertexError, match="Vertex needs a gs://BUCKET.*set NLI_STAGING_BUCKET.*--location=us-central1"):
         vertex.init_vertex(PROJECT, REGION, None)
 
 
@@ -398,8 +406,6 @@ def test_a_python_package_job_on_the_newest_prebuilt_image_fails_where_pip_would
 
 
 def test_a_container_job_trains_the_smoke_model_the_image_carries(fake_vertex_runner, gcs_bucket, tmp_path, capsys):
-    from tests.fake_vertex import TRAINER_IMAGE
-
     _init(fake_vertex_runner, gcs_bucket)
     cfg = make_config("smoke", data="sample", max_train_samples=64, max_eval_samples=64, epochs=1)
     base = f"gs://{gcs_bucket}/nli-jobs/container"

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from google.cloud.aiplatform_v1.types import AcceleratorType
 
+from localcloud import TRAINER_IMAGE
+from localcloud.vertex import cluster_spec, replica_names, vertex_env
 from nli_helpers import launch, pricing, vertex
 from nli_helpers.config import make_config
 from nli_helpers.distributed import cluster_layout, torchrun_command
 from nli_helpers.hardware import vertex_gpus
 from nli_helpers.vertex import Machine, ReductionServer
 
-# Fixtures: fake_vertex, fake_vertex_runner. Its helpers are imported inside the tests, after pytest
-# has loaded it as a plugin (importing it here first would keep pytest from rewriting its asserts).
+# Fixtures: fake_vertex, fake_vertex_runner (tests/fake_vertex.py over localcloud/).
 pytest_plugins = ["tests.fake_vertex"]
 
 PROJECT, REGION = "test-project", "us-central1"
@@ -99,8 +100,6 @@ def test_a_reduction_server_needs_workers():
 
 # -- what each replica works out from the CLUSTER_SPEC Vertex gives it ------------------------------------------
 def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gcs_bucket):
-    from tests.fake_vertex import cluster_spec, replica_names, vertex_env
-
     pools = vertex.python_package_worker_pools(make_config("smoke"), TWO_L4, "gs://b/p.tar.gz",
                                                executor_image_uri=IMAGE_2_4, reduction_server=ReductionServer(2))
     job, _ = _submit(fake_vertex, gcs_bucket, pools)
@@ -132,8 +131,6 @@ def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gc
 
 
 def test_launcher_reads_the_cluster_spec_from_the_environment(fake_vertex, gcs_bucket, monkeypatch, capsys):
-    from tests.fake_vertex import cluster_spec, replica_names
-
     pools = vertex.container_worker_pools(make_config("smoke"), Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1,
                                                                         replica_count=3), "gcr.io/p/t:1",
                                           reduction_server=ReductionServer(1))
@@ -208,8 +205,6 @@ def test_the_default_reducer_machine_is_priced():
 
 # -- the whole path: two training nodes run by the fake ----------------------------------------------------------
 def test_two_node_job_trains_through_torchrun_in_the_trainer_image(fake_vertex_runner, gcs_bucket, tmp_path):
-    from tests.fake_vertex import TRAINER_IMAGE
-
     cfg = make_config("smoke", **TINY_JOB)
     machine, server = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=2), ReductionServer(1)
     vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, cfg=cfg,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from localcloud import TRAINER_IMAGE
 from nli_helpers import vertex
 from nli_helpers.config import make_config
 from nli_helpers.vertex import Machine
@@ -34,8 +35,6 @@ TWO = Machine("n1-standard-4", None, 0, replica_count=2)
 
 @pytest.fixture
 def cloud(make_fake_vertex, trainer_image_python, gcs_bucket):
-    from tests.fake_vertex import TRAINER_IMAGE
-
     fake = make_fake_vertex(run_jobs=True, grace_s=60)
     fake.register_image(TRAINER_IMAGE, trainer_image_python)
     vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)

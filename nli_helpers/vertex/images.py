@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from nli_helpers.config import __version__
+
 from .errors import NoPrebuiltImageError, VertexError
 
 # The prebuilt PyTorch *training* images, torch major.minor -> PrebuiltImage, read on 2026-11-22 from IMAGES_SOURCE
@@ -157,8 +159,6 @@ def trainer_image_uri(project: str, region: str, *, repository: str = "nli", ima
 
     The tag defaults to the package version: rebuild and push after you change the code (or pass another tag).
     """
-    from . import __version__
-
     if not project:
         raise VertexError("trainer_image_uri needs the project id: pass project=..., or set GOOGLE_CLOUD_PROJECT")
     return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag or __version__}"

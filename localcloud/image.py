@@ -1,0 +1,31 @@
+"""The trainer image's stand-in: docker/Dockerfile's packages in a venv on this machine's Python.
+
+The image is python:3.11 with the torch constraints.txt pins (a CUDA 12.8 build there, the CPU build here) and
+`pip install .[smoke]` under constraints.txt; nli_helpers.packaging.image_venv builds exactly that from the
+project's sdist, cached by the sdist's content, so it is built once and reused until the package changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from nli_helpers import packaging
+
+# The image name the tests register with their fakes (the notebooks use vertex.trainer_image_uri's).
+TRAINER_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:test"
+_lock = threading.Lock()
+_sdists: dict[str, Path] = {}
+
+
+def project_sdist(folder: Path) -> Path:
+    """The project's sdist, built (into `folder`) once per process."""
+    with _lock:
+        if "sdist" not in _sdists:
+            _sdists["sdist"] = packaging.build_sdist(folder)
+    return _sdists["sdist"]
+
+
+def trainer_image_python(sdist: Path) -> Path:
+    """The python of the image stand-in built from this sdist (with the [smoke] extra, as the Dockerfile does)."""
+    return packaging.image_venv(sdist, extras="smoke").python

@@ -1,0 +1,75 @@
+"""The shape of the code: one-way layers and no import circles (import-linter), and no module over 400 lines.
+
+The contracts live in pyproject.toml ([tool.importlinter]); `make lint` runs the same `lint-imports`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tests.helpers import ROOT
+
+MAX_MODULE_LINES = 400
+PACKAGES = ("nli_helpers", "localcloud")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], cwd=root, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_the_contracts_catch_an_upward_import_and_a_circle(tmp_path):
+    """The checker itself: a copy of the package where `config` imports `train` breaks the layers and the acyclic
+    contract, so a green run above means something."""
+    for name in ("pyproject.toml", *PACKAGES, "tests"):
+        source = ROOT / name
+        if source.is_dir():
+            subprocess.run(["cp", "-r", str(source), str(tmp_path / name)], check=True)
+        else:
+            (tmp_path / name).write_text(source.read_text())
+    config = tmp_path / "nli_helpers" / "config.py"
+    config.write_text(config.read_text() + textwrap.dedent("""
+        def _upward():
+            from nli_helpers import train  # noqa: F401
+    """))
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "nli_helpers.config is not allowed to import nli_helpers.train" in result.stdout
+    assert "2 kept, 2 broken" in result.stdout  # the layers and the circle (config -> train -> ... -> config)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_400_lines(package):
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / package).rglob("*.py")}
+    assert sizes, f"no modules found under {package}"
+    too_long = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not too_long, f"split these along their jobs (at most {MAX_MODULE_LINES} lines a module): {too_long}"
+
+
+def test_every_package_module_is_placed_in_a_layer():
+    """A new module must be given its row in the layers contract, or the contract would not see its imports."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers"]
+    placed = {name.strip() for row in layers["layers"] for name in row.replace(":", "|").split("|")}
+    modules = {p.stem if p.name != "__init__.py" else p.parent.name for p in (ROOT / "nli_helpers").glob("*")
+               if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    assert modules - placed == set(), f"add these to a row of [tool.importlinter] layers: {modules - placed}"
+    assert placed - modules == set(), f"these rows name modules that do not exist: {placed - modules}"
+
+
+def test_the_package_version_is_the_one_pyproject_gives():
+    import nli_helpers
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == nli_helpers.__version__
