@@ -61,6 +61,15 @@ def new_run_dir(prefix: str, root: str | Path | None = None) -> Path:
     return runs_dir(root) / f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
+def latest_run(prefix: str = "finetune", notebook: str = "02_finetune_local",
+               root: str | Path | None = None) -> Path | None:
+    """The newest finished run of a notebook: `<runs>/<prefix>-<time>/` (run in Jupyter) or `<runs>/<time>/<notebook>/`
+    (run by `run_notebooks`), whichever is newer; a run counts once its metrics.json is written. None if none is."""
+    runs = runs_dir(root)
+    found = [*runs.glob(f"{prefix}-*/metrics.json"), *runs.glob(f"*/{notebook}/metrics.json")]
+    return max(found, key=lambda path: path.stat().st_mtime).parent if found else None
+
+
 def find_notebooks(folder: str | Path | None = None) -> list[Path]:
     """The numbered notebooks (`01_*.ipynb`, `02_*.ipynb`, ...) of a folder, in order."""
     folder = Path(folder) if folder else project_root() / "notebooks"

@@ -47,10 +47,10 @@ WRITE_ROLE = "roles/storage.objectUser"  # create, read, list, delete; no ACL or
 # A progress bar for a handful of files is noise in a notebook.
 PROGRESS_MIN_FILES = 4
 _CHUNK_BYTES = 1 << 20
-_CREDENTIALS_HELP = (
-    "no Google Cloud credentials found: run `gcloud auth application-default login` (on your "
-    "machine or a Workbench notebook), or set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
-    "key file; on Vertex AI give the job a service account (CustomJob service_account=...)"
+CREDENTIALS_HELP = (
+    "no Google Cloud credentials found: run `gcloud auth application-default login` (on a Workbench "
+    "notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS to a "
+    "service-account key file; on Vertex AI give the job a service account (service_account=...)"
 )
 
 
@@ -96,7 +96,7 @@ def _make_client(emulator_host: str | None, project: str | None) -> storage.Clie
     try:
         return storage.Client(project=project)
     except DefaultCredentialsError as err:
-        raise StorageError(_CREDENTIALS_HELP) from err
+        raise StorageError(CREDENTIALS_HELP) from err
 
 
 get_client.cache_clear = _make_client.cache_clear  # type: ignore[attr-defined]
@@ -334,4 +334,4 @@ def _storage_errors(bucket_name: str, role: str) -> Iterator[None]:
             f"permission denied on gs://{bucket_name}: grant your account (on Vertex AI, the job's "
             f"service account) {role} on the bucket ({err.message})") from err
     except (RefreshError, DefaultCredentialsError) as err:
-        raise StorageError(f"{_CREDENTIALS_HELP} ({err})") from err
+        raise StorageError(f"{CREDENTIALS_HELP} ({err})") from err

@@ -104,3 +104,14 @@ def test_int_flags_refuse_what_is_not_a_whole_number(value, capsys):
     with pytest.raises(SystemExit):
         config_from_args(["--profile", "smoke", f"--batch_size={value}"])
     assert f"{value!r} is not a whole number" in capsys.readouterr().err
+
+
+def test_smoke_cap_caps_only_what_is_unset_and_only_on_smoke(monkeypatch):
+    monkeypatch.delenv("NLI_REAL_DATA", raising=False)
+    capped = make_config("smoke", smoke_cap=500)
+    assert (capped.max_train_samples, capped.max_eval_samples) == (500, 500)
+    mine = make_config("smoke", smoke_cap=500, max_train_samples=64)
+    assert (mine.max_train_samples, mine.max_eval_samples) == (64, 500)
+    assert make_config("smoke").max_train_samples is None
+    full = make_config("full", smoke_cap=500)
+    assert (full.max_train_samples, full.max_eval_samples) == (None, None)

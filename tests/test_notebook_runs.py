@@ -2,6 +2,7 @@
 Jupyter kernel through papermill, in seconds."""
 
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -10,8 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nli_helpers import notebook_runs
 from nli_helpers.config import NLIError
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def write_notebook(folder: Path, name: str = "01_tiny.ipynb") -> Path:
@@ -126,3 +126,19 @@ def test_find_notebooks_lists_the_numbered_ones(tmp_path):
         "01_explore_mnli.ipynb", "02_finetune_local.ipynb"]
     with pytest.raises(NLIError, match="no numbered notebooks"):
         notebook_runs.find_notebooks(tmp_path)
+
+
+def test_latest_run_finds_the_newest_finished_run_in_either_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("NLI_RUNS_DIR", str(tmp_path))
+    assert notebook_runs.latest_run() is None
+    interactive = tmp_path / "finetune-20261123-090000"
+    headless = tmp_path / "20261123-100000" / "02_finetune_local"
+    unfinished = tmp_path / "finetune-20261123-110000"  # no metrics.json yet: not a run to compare with
+    for folder in (interactive, headless, unfinished):
+        folder.mkdir(parents=True)
+    (interactive / "metrics.json").write_text("{}")
+    assert notebook_runs.latest_run() == interactive
+    (headless / "metrics.json").write_text("{}")
+    os.utime(interactive / "metrics.json", (1_000_000, 1_000_000))
+    assert notebook_runs.latest_run() == headless
+    assert notebook_runs.latest_run("vertex", "04_submit_vertex") is None

@@ -6,7 +6,7 @@ when the job has more than one training process. No prebuilt PyTorch training im
 (`images.prebuilt_image_problem` says why), so the python-package path is built (`python_package_worker_pools`)
 but refused by `preflight`.
 
-    >>> init_vertex("my-project", "us-central1", "gs://my-staging-bucket")                    # jobs
+    >>> cloud = init_vertex("my-project", "us-central1", "gs://my-staging-bucket")            # jobs
     >>> machine = Machine("g2-standard-8", "NVIDIA_L4", 1)                                      # pools
     >>> pools = container_worker_pools(job_config("full"), machine, trainer_image_uri("my-project", "us-central1"))
     >>> preflight(region="us-central1", staging_bucket="gs://my-staging-bucket", machine=machine, image_uri=...)
@@ -47,7 +47,7 @@ from .images import (
 )
 from .jobs import (
     API_ENDPOINT_ENV,
-    CREDENTIALS_HELP,
+    VertexSettings,
     aiplatform_sdk,
     check_vertex_tensorboard,
     create_hyperparameter_tuning_job,
@@ -75,8 +75,8 @@ from .pools import (
 from .preflight import Check, bucket_location_check, preflight
 
 __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build_sdist", "Check", "check_vertex_tensorboard",
-           "container_worker_pools", "CostEstimate", "create_hyperparameter_tuning_job", "CREDENTIALS_HELP", "estimate_cost", "estimate_job_cost",
-           "fetch_outputs", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex",
+           "container_worker_pools", "CostEstimate", "create_hyperparameter_tuning_job", "estimate_cost", "estimate_job_cost",
+           "fetch_outputs", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex", "VertexSettings",
            "job_args", "job_config", "JobCostEstimate", "JobFailedError", "LAUNCH_MODULE", "local_torch_version",
            "logs_url", "Machine", "newest_prebuilt_image_uri", "NoPrebuiltImageError",
            "package_torch_requirement", "pools_table", "prebuilt_image", "prebuilt_image_problem",

@@ -1,6 +1,6 @@
 """Submit a Vertex AI custom job, watch it, find its logs, and fetch its outputs, through google-cloud-aiplatform.
 
-    >>> init_vertex("my-project", "us-central1", "gs://my-staging-bucket")
+    >>> cloud = init_vertex("my-project", "us-central1", "gs://my-staging-bucket")   # VertexSettings
     >>> job = submit_custom_job(pools, base_output_dir="gs://my-staging-bucket/nli-jobs/run-1", spot=True)
     >>> watch_job(job)                          # a line per state; raises JobFailedError with the logs link
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
@@ -16,6 +16,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,10 @@ from google.api_core import exceptions as api_exceptions
 from google.auth.exceptions import GoogleAuthError
 
 from nli_helpers import storage
+from nli_helpers.storage import CREDENTIALS_HELP
 
 from .errors import JobFailedError, VertexError
+from .images import trainer_image_uri
 from .pools import training_replicas
 
 if TYPE_CHECKING:
@@ -32,8 +35,6 @@ if TYPE_CHECKING:
 
 API_ENDPOINT_ENV = "NLI_VERTEX_API_ENDPOINT"
 TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
-CREDENTIALS_HELP = ("no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
-                    "Workbench notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS")
 
 
 def aiplatform_sdk():
@@ -45,13 +46,27 @@ def aiplatform_sdk():
     return aiplatform
 
 
-def init_vertex(project: str | None, region: str, staging_bucket: str | None, *, credentials=None,
-                api_endpoint: str | None = None, api_transport: str = "rest") -> str:
-    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests); return the endpoint.
+@dataclass(frozen=True)
+class VertexSettings:
+    """Where jobs go, as `init_vertex` resolved it: what a notebook prints and passes on."""
 
-    `project=None` takes $GOOGLE_CLOUD_PROJECT, else your gcloud default. `api_endpoint=None` takes
-    $NLI_VERTEX_API_ENDPOINT (the local fake in CI), else the region's Vertex AI endpoint. A plain-HTTP endpoint
-    can only be a local fake, so it gets anonymous credentials, as the storage emulator does.
+    project: str
+    region: str
+    staging_bucket: str
+    endpoint: str
+    image_uri: str  # the trainer image jobs run: the one you named, else trainer_image_uri(project, region)
+
+
+def init_vertex(project: str | None = None, region: str = "us-central1", staging_bucket: str | None = None, *,
+                image_uri: str | None = None, credentials=None, api_endpoint: str | None = None,
+                api_transport: str = "rest") -> VertexSettings:
+    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests).
+
+    Every setting left at None comes from the environment: `project` from $GOOGLE_CLOUD_PROJECT, else your gcloud
+    default; `staging_bucket` from $NLI_STAGING_BUCKET; `api_endpoint` from $NLI_VERTEX_API_ENDPOINT (the local
+    fake in CI), else the region's Vertex AI endpoint; `image_uri` is the trainer image docker/README.md pushes
+    for this project and region. A plain-HTTP endpoint can only be a local fake, so it gets anonymous credentials,
+    as the storage emulator does.
     """
     import google.auth
     from google.auth.credentials import AnonymousCredentials
@@ -59,6 +74,7 @@ def init_vertex(project: str | None, region: str, staging_bucket: str | None, *,
 
     api_endpoint = api_endpoint or os.environ.get(API_ENDPOINT_ENV) or f"{region}-aiplatform.googleapis.com"
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    staging_bucket = staging_bucket or os.environ.get("NLI_STAGING_BUCKET")
     if credentials is None and api_endpoint.startswith("http://"):
         credentials = AnonymousCredentials()
     if credentials is None:
@@ -72,13 +88,14 @@ def init_vertex(project: str | None, region: str, staging_bucket: str | None, *,
                           "`gcloud config set project PROJECT_ID`")
     if not staging_bucket or not storage.is_gcs_uri(staging_bucket):
         raise VertexError(f"staging_bucket={staging_bucket!r}: Vertex needs a gs://BUCKET in the job's region to stage "
-                          f"packages; create one with `gcloud storage buckets create gs://BUCKET --location={region}`")
+                          f"packages and keep outputs: pass staging_bucket=..., or set NLI_STAGING_BUCKET; create "
+                          f"one with `gcloud storage buckets create gs://BUCKET --location={region}`")
     # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
     aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
                           api_endpoint=api_endpoint, api_transport=api_transport)
     _session.update(project=project, region=region, endpoint=api_endpoint, credentials=credentials,
                     transport=api_transport)
-    return api_endpoint
+    return VertexSettings(project, region, staging_bucket, api_endpoint, image_uri or trainer_image_uri(project, region))
 
 
 _session: dict = {}  # what init_vertex chose, for the clients the SDK's job classes do not cover

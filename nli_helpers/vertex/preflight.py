@@ -122,7 +122,7 @@ def _check_reduction_server(server: ReductionServer, machine: Machine, *, custom
 
 def _check_sdist(sdist: str | Path | None) -> Check:
     if sdist is None or not Path(sdist).is_file() or not str(sdist).endswith(".tar.gz"):
-        return Check("package", "fail", f"no built sdist at {sdist}: build it with vertex.build_sdist()")
+        return Check("package", "fail", f"no built sdist at {sdist}: build it with packaging.build_sdist()")
     return Check("package", "ok", f"{Path(sdist).name} ({Path(sdist).stat().st_size / 1e3:.0f} kB)")
 
 
