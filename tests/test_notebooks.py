@@ -168,6 +168,19 @@ def test_no_library_code_copied_into_cells(path):
         assert not defs, f"define functions in nli_helpers, not in a notebook:\n{cell.source}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_cell_rebinds_a_name_the_notebook_imported(path):
+    """`sweep = sweep.local_sweep(...)` works once, then every later `sweep.` call fails: results get their own names."""
+    trees = [ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith("%")))
+             for cell in code_cells(read(path))]
+    imported = {(alias.asname or alias.name).split(".")[0] for tree in trees for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    bound = {target.id for tree in trees for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.For))
+             for target in ast.walk(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+             if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)}
+    assert not imported & bound, f"these names are imported and then assigned: {sorted(imported & bound)}"
+
+
 def test_full_params_are_the_reference_recipe():
     values = yaml.safe_load((NOTEBOOK_DIR / "params" / "full.yaml").read_text())
     fields = {k: v for k, v in values.items() if k in FIELD_TYPES and k != "profile"}

@@ -219,7 +219,7 @@ def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     assert "gs://no-such-bucket does not exist: create it in the job's region with `gcloud storage buckets " \
            "create gs://no-such-bucket --location=us-central1`" in message
     assert 'a2-highgpu-1g comes with 1 x NVIDIA_TESLA_A100 attached' in message
-    assert "build it with vertex.build_sdist()" in message
+    assert "build it with packaging.build_sdist()" in message
     assert "no prebuilt Vertex AI PyTorch training image for torch" in message  # torch 2.13 here
     assert "is a local path the Vertex worker cannot see" in message
     assert "invalid label(s) Team" in message
