@@ -127,6 +127,7 @@ class FakeJob:
     log: str = ""
     replicas: dict[str, Replica] = field(default_factory=dict)
     preemptions: int = 0
+    cpu_replicas: int = 0  # its training replicas, while they hold a share of this machine's cores
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)  # replicas are running
     done: threading.Event = field(default_factory=threading.Event)

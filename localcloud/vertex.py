@@ -73,6 +73,7 @@ class FakeVertex:
         self.images: dict[str, Path] = {}
         self._ids = itertools.count(1000)
         self._lock = threading.Lock()
+        self._replicas_running = 0  # training replicas of every running job: they share this machine's cores
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -198,6 +199,8 @@ class FakeVertex:
             state, message = JobState.JOB_STATE_FAILED, f"{type(err).__name__}: {err}"
         finally:
             self.quota.release(need)
+            with self._lock:
+                self._replicas_running -= job.cpu_replicas
             for replica in job.replicas.values():
                 replica.kill_all()
                 for attempt in range(1, replica.attempt + 1):
@@ -215,6 +218,10 @@ class FakeVertex:
             job.note(f"workerpool{i}: {pool.replica_count} replica(s) of {image} accepted, not started (Reduction "
                      "Server serves NCCL between GPUs; the local replicas use gloo)")
         hosts = {name: f"127.0.0.1:{free_port()}" for name in replica_names(job.proto)}
+        with self._lock:  # not Vertex's: every replica gets a VM there; here the replicas split the cores
+            job.cpu_replicas = sum(pool.replica_count for pool in pools[:2])
+            self._replicas_running += job.cpu_replicas
+            threads = max(1, (os.cpu_count() or 1) // self._replicas_running)
         for i, pool in enumerate(pools[:2]):
             if not pool.replica_count:
                 continue
@@ -224,7 +231,7 @@ class FakeVertex:
             (kind, command, spec_env) = found
             for index in range(pool.replica_count):
                 name = f"workerpool{i}-{index}"
-                job.replicas[name] = rules.Replica(name, kind, command, self._job_env(job, spec_env, name, hosts),
+                job.replicas[name] = rules.Replica(name, kind, command, self._job_env(job, spec_env, name, hosts, threads),
                                                     workdir)
         with self._lock:
             if job.cancel_requested.is_set():
@@ -276,13 +283,14 @@ class FakeVertex:
 
         return storage.download(uri, workdir / uri.rsplit("/", 1)[-1])
 
-    def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str]) -> dict[str, str]:
+    def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str],
+                 threads: int) -> dict[str, str]:
         base = job.proto.job_spec.base_output_directory.output_uri_prefix.rstrip("/")
         env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=job.proto.name.split("/")[1], HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",  # several replicas share this machine's few cores
+                   OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                    # Not Vertex's: the replicas run on this CPU whatever GPUs the job asked for, so the trainer is
                    # told to accept that (its --allow-cpu), instead of refusing a GPU job without a GPU.
                    NLI_ALLOW_CPU="1")

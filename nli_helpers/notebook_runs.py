@@ -57,8 +57,18 @@ def runs_dir(root: str | Path | None = None) -> Path:
 
 
 def new_run_dir(prefix: str, root: str | Path | None = None) -> Path:
-    """`<runs>/<prefix>-<time>`: a fresh place for one run's artefacts (see `runs_dir`)."""
-    return runs_dir(root) / f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
+    """A new, empty `<runs>/<prefix>-<time>` folder for one run's artefacts (see `runs_dir`); created here, with a
+    `-2`, `-3`, ... suffix when another run took that second (two notebooks, or a sweep, starting together)."""
+    base = runs_dir(root) / f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise NLIError(f"cannot make a new run folder next to {base}: 999 runs started in that second")
 
 
 def latest_run(prefix: str = "finetune", notebook: str = "02_finetune_local",

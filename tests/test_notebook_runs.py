@@ -116,9 +116,12 @@ def test_runs_go_under_the_project_or_nli_runs_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("NLI_RUNS_DIR", raising=False)
     assert notebook_runs.project_root(ROOT / "notebooks") == ROOT
     run = notebook_runs.new_run_dir("finetune", ROOT / "notebooks")
-    assert run.parent == ROOT / "runs" and run.name.startswith("finetune-")
+    assert run.parent == ROOT / "runs" and run.name.startswith("finetune-") and run.is_dir()
+    run.rmdir()
     monkeypatch.setenv("NLI_RUNS_DIR", str(tmp_path))
-    assert notebook_runs.new_run_dir("finetune").parent == tmp_path
+    first, second = notebook_runs.new_run_dir("finetune"), notebook_runs.new_run_dir("finetune")
+    assert first.parent == second.parent == tmp_path and first != second  # two runs in one second
+    assert first.is_dir() and second.is_dir() and not any(first.iterdir())
 
 
 def test_find_notebooks_lists_the_numbered_ones(tmp_path):

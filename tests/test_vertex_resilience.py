@@ -1,12 +1,13 @@
 """What Vertex AI does to a running job, against the fake: preemption and restarts, quota queues, slow jobs.
 
-Each job runs the trainer image's stand-in (tests/fake_vertex.py) on the default path, the custom container, and
+Each job runs the trainer image's stand-in (localcloud/image.py) on the default path, the custom container, and
 trains the smoke model the image carries (MiniLM, with dropout: an exact resume needs every RNG state back). The
-fake applies Vertex's documented rules (tests/fake_vertex_runner.py): a preempted replica gets SIGTERM, then
+fake applies Vertex's documented rules (localcloud/rules.py): a preempted replica gets SIGTERM, then
 SIGKILL after the grace period, and is restarted with the same command and environment; a multi-replica job
 restarts every replica (`restart_job_on_worker_restart`, on by default for it). The restarted trainer finds
 AIP_CHECKPOINT_DIR and resumes from the newest complete checkpoint there, so the job must end with exactly the
-metrics of an uninterrupted job of the same seed.
+metrics of an uninterrupted job of the same seed. One job per topology is preempted twice: gracefully (SIGTERM,
+the trainer checkpoints where it stands) and then, after it resumed, hard (SIGKILL: the newest periodic checkpoint).
 """
 
 from __future__ import annotations
@@ -41,15 +42,16 @@ def cloud(make_fake_vertex, trainer_image_python, gcs_bucket):
     return fake, gcs_bucket, TRAINER_IMAGE
 
 
-def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: tuple[str, bool] | None = None):
-    """Submit the job; with `interrupt=(replica, hard)` preempt that replica once it has logged step 8 or later."""
+def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: str | None = None):
+    """Submit the job; with `interrupt=replica`, preempt that replica gracefully once the chief has logged step 8,
+    then hard once the restarted chief has logged step 16."""
     fake, bucket, image = cloud
     pools = vertex.container_worker_pools(make_config("smoke", **JOB), machine, image)
     job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name)
     if interrupt:
-        replica, hard = interrupt
-        wait_for_step(fake, job.resource_name, 8)
-        fake.preempt(job.resource_name, replica, hard=hard)
+        for step, hard in ((8, False), (16, True)):
+            wait_for_step(fake, job.resource_name, step)  # in the chief's current attempt
+            fake.preempt(job.resource_name, interrupt, hard=hard)
     assert vertex.watch_job(job, poll_s=0.5, timeout_s=600, progress=False) == "JOB_STATE_SUCCEEDED"
     metrics = vertex.fetch_outputs(job, out / name)
     history = [json.loads(line) for line in (out / name / "history.jsonl").read_text().splitlines()]
@@ -82,18 +84,15 @@ def test_a_preempted_single_replica_job_resumes_to_the_same_metrics(cloud, tmp_p
     uninterrupted = run_job(cloud, ONE, "one", tmp_path)
     assert uninterrupted[0]["train"]["steps"] == 24 and uninterrupted[0]["parameters"] > 20e6
 
-    graceful = run_job(cloud, ONE, "one-sigterm", tmp_path, interrupt=("workerpool0-0", False))
-    log = graceful[2].log
-    assert "[fake] workerpool0-0 preempted: restarted on another VM" in log
+    preempted = run_job(cloud, ONE, "one-preempted", tmp_path, interrupt="workerpool0-0")
+    log = preempted[2].log
+    assert log.count("[fake] workerpool0-0 preempted: restarted on another VM") == 2
     assert f"exiting {134}" in log  # the trainer's restartable code, after its checkpoint
-    resumed = re.search(r"\[workerpool0-0 attempt 2\] resuming from (\S+checkpoint-(\d+))", log)
-    assert resumed and int(resumed.group(2)) >= 8, log[-3000:]  # the step it stopped at, not an epoch end
-    assert_same_run(graceful, uninterrupted)
-
-    killed = run_job(cloud, ONE, "one-sigkill", tmp_path, interrupt=("workerpool0-0", True))
-    resumed = re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-(\d+)", killed[2].log)
-    assert resumed and int(resumed.group(1)) % 6 == 0, killed[2].log[-3000:]  # the last periodic checkpoint
-    assert_same_run(killed, uninterrupted)
+    graceful = re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-(\d+)", log)
+    assert graceful and int(graceful.group(1)) >= 8, log[-3000:]  # the step it stopped at, not an epoch end
+    hard = re.search(r"\[workerpool0-0 attempt 3\] resuming from \S+checkpoint-(\d+)", log)
+    assert hard and int(hard.group(1)) % 6 == 0, log[-3000:]  # the newest periodic checkpoint
+    assert_same_run(preempted, uninterrupted)
 
 
 @pytest.mark.slow
@@ -103,16 +102,13 @@ def test_a_preempted_worker_restarts_the_two_replica_torchrun_job_to_the_same_me
     body = cloud[0].created_bodies[0]
     assert body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] is True  # the default for several replicas
 
-    graceful = run_job(cloud, TWO, "two-sigterm", tmp_path, interrupt=("workerpool1-0", False))
-    log = graceful[2].log
-    assert "workerpool1-0 preempted" in log and "restarting every replica" in log
+    preempted = run_job(cloud, TWO, "two-preempted", tmp_path, interrupt="workerpool1-0")
+    log = preempted[2].log
+    assert log.count("workerpool1-0 preempted") == 2 and "restarting every replica" in log
     assert "[launch] preempted" in log and f"exiting {134}" in log  # the launcher's code, not torchrun's 1
-    assert re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-\d+", log), log[-3000:]
-    assert_same_run(graceful, uninterrupted)
-
-    killed = run_job(cloud, TWO, "two-sigkill", tmp_path, interrupt=("workerpool1-0", True))
-    assert re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-\d+", killed[2].log)
-    assert_same_run(killed, uninterrupted)
+    for attempt in (2, 3):  # after SIGTERM, and after SIGKILL
+        assert re.search(rf"\[workerpool0-0 attempt {attempt}\] resuming from \S+checkpoint-\d+", log), log[-3000:]
+    assert_same_run(preempted, uninterrupted)
 
 
 def test_a_user_error_fails_the_job_for_good_and_a_transient_exit_is_retried(make_fake_vertex, gcs_bucket,
