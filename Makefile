@@ -62,15 +62,19 @@ browser:
 	fi
 
 # Unit, integration and CLI tests, then every notebook under nbval (outputs stripped; asserts check).
+# One pytest-xdist worker per core (WORKERS=0: no workers, one process); --dist loadfile keeps each file, and so each
+# notebook's cells, in one worker, in order. conftest.py gives each worker its share of the cores.
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
+WORKERS ?= auto
+XDIST := -n $(WORKERS) --dist loadfile
 test: $(STAMP) browser
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest tests notebooks $(NBVAL)
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) tests notebooks $(NBVAL)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check nli_helpers localcloud tests benchmarks
+	$(BIN)/ruff check nli_helpers localcloud tests benchmarks conftest.py
 	$(BIN)/lint-imports
 
 # Re-pin after changing dependency ranges: the venv's exact versions become the constraints.

@@ -19,9 +19,10 @@ _sdists: dict[str, Path] = {}
 
 
 def project_sdist(folder: Path) -> Path:
-    """The project's sdist, built (into `folder`) once per process."""
+    """The project's sdist, built (into `folder`) once per process, and again if its folder has been removed since
+    (a LocalCloud removes its own when it stops)."""
     with _lock:
-        if "sdist" not in _sdists:
+        if "sdist" not in _sdists or not _sdists["sdist"].is_file():
             _sdists["sdist"] = packaging.build_sdist(folder)
     return _sdists["sdist"]
 

@@ -221,7 +221,7 @@ class FakeVertex:
         with self._lock:  # not Vertex's: every replica gets a VM there; here the replicas split the cores
             job.cpu_replicas = sum(pool.replica_count for pool in pools[:2])
             self._replicas_running += job.cpu_replicas
-            threads = max(1, (os.cpu_count() or 1) // self._replicas_running)
+            threads = max(1, host_cores() // self._replicas_running)
         for i, pool in enumerate(pools[:2]):
             if not pool.replica_count:
                 continue
@@ -336,6 +336,13 @@ def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[st
     if replica in training:
         env["RANK"] = str(training.index(replica))
     return env
+
+
+def host_cores() -> int:
+    """The cores the fake's jobs may share: $OMP_NUM_THREADS when this process was given a share of the machine (a
+    pytest-xdist worker, see conftest.py), else every core."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else (os.cpu_count() or 1)
 
 
 def free_port() -> int:
