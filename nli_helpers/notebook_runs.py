@@ -72,11 +72,15 @@ def new_run_dir(prefix: str, root: str | Path | None = None) -> Path:
 
 
 def latest_run(prefix: str = "finetune", notebook: str = "02_finetune_local",
-               root: str | Path | None = None) -> Path | None:
+               root: str | Path | None = None, *, required: bool = False) -> Path | None:
     """The newest finished run of a notebook: `<runs>/<prefix>-<time>/` (run in Jupyter) or `<runs>/<time>/<notebook>/`
-    (run by `run_notebooks`), whichever is newer; a run counts once its metrics.json is written. None if none is."""
+    (run by `run_notebooks`), whichever is newer; a run counts once its metrics.json is written. None if none is, or
+    with `required=True` an NLIError that says to run the notebook first."""
     runs = runs_dir(root)
     found = [*runs.glob(f"{prefix}-*/metrics.json"), *runs.glob(f"*/{notebook}/metrics.json")]
+    if not found and required:
+        raise NLIError(f"no finished run of {notebook} under {runs}: run notebooks/{notebook}.ipynb first (it "
+                       "writes metrics.json at its end), or name the run folder yourself")
     return max(found, key=lambda path: path.stat().st_mtime).parent if found else None
 
 

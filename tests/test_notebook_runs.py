@@ -134,6 +134,8 @@ def test_find_notebooks_lists_the_numbered_ones(tmp_path):
 def test_latest_run_finds_the_newest_finished_run_in_either_layout(tmp_path, monkeypatch):
     monkeypatch.setenv("NLI_RUNS_DIR", str(tmp_path))
     assert notebook_runs.latest_run() is None
+    with pytest.raises(NLIError, match=r"no finished run of 02_finetune_local under .*run notebooks/02_finetune_local"):
+        notebook_runs.latest_run(required=True)
     interactive = tmp_path / "finetune-20261123-090000"
     headless = tmp_path / "20261123-100000" / "02_finetune_local"
     unfinished = tmp_path / "finetune-20261123-110000"  # no metrics.json yet: not a run to compare with
