@@ -253,7 +253,12 @@ def supervise(job, replicas: list[Replica], *, restart_whole_job: bool, grace_s:
             _stop(replicas, 0)
             return Outcome.FAILED, f"the fake's job timeout ({timeout_s:g} s) passed"
         # A preempted replica first: its restart (of the whole job, with rule 7) comes before the errors its
-        # peers then run into, as on Vertex, where the VM event starts the restart.
+        # peers then run into, as on Vertex, where the VM event starts the restart. So while a preempted replica is
+        # still stopping (or being reaped: Popen.poll() answers None while another thread waits on it), the exits
+        # of its peers wait for it.
+        if any(r.preempted and r.running() for r in replicas):
+            time.sleep(0.1)
+            continue
         for replica in sorted(replicas, key=lambda r: not r.preempted):
             code = replica.process.poll() if replica.process and not replica.finished else None
             if code is None:
