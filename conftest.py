@@ -7,10 +7,7 @@ side by side, benchmarks/README.md). A value you set yourself is kept.
 """
 
 import os
-import sys
 
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
-    if "torch" in sys.modules:  # imported before this file by a plugin: tell it too
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))  # before anything imports torch

@@ -15,16 +15,17 @@ from nli_helpers import packaging
 # The image name the tests register with their fakes (the notebooks use vertex.trainer_image_uri's).
 TRAINER_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:test"
 _lock = threading.Lock()
-_sdists: dict[str, Path] = {}
+_sdist: Path | None = None
 
 
 def project_sdist(folder: Path) -> Path:
     """The project's sdist, built (into `folder`) once per process, and again if its folder has been removed since
     (a LocalCloud removes its own when it stops)."""
+    global _sdist
     with _lock:
-        if "sdist" not in _sdists or not _sdists["sdist"].is_file():
-            _sdists["sdist"] = packaging.build_sdist(folder)
-    return _sdists["sdist"]
+        if _sdist is None or not _sdist.is_file():
+            _sdist = packaging.build_sdist(folder)
+        return _sdist
 
 
 def trainer_image_python(sdist: Path) -> Path:
