@@ -115,9 +115,23 @@ def why_no_cuda() -> str:
     if torch.version.cuda is None:
         return f"this torch is a CPU-only build ({torch.__version__})"
     if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return "no NVIDIA device is visible to this process (no /dev/nvidia*)"
+        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: docker run "
+                "--gpus all)")
     return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA {torch.version.cuda} "
-            "needs? (nvidia-smi shows the driver)")
+            "needs, or not on LD_LIBRARY_PATH (Vertex mounts it under /usr/local/nvidia/lib64)? nvidia-smi shows "
+            "the driver")
+
+
+def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
+    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is torch.cuda.get_arch_list()
+    (['sm_75', ..., 'compute_120']): a cubin for X.y runs on X.z, z >= y; PTX runs on any newer GPU."""
+    sass = [(int(a[3:-1]), int(a[-1])) for a in arch_list if a.startswith("sm_") and a[3:].isdigit()]
+    ptx = [(int(a[8:-1]), int(a[-1])) for a in arch_list if a.startswith("compute_") and a[8:].isdigit()]
+    if any(m == capability[0] and n <= capability[1] for m, n in sass) or any(p <= capability for p in ptx):
+        return None
+    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for {', '.join(arch_list)} "
+            f"but the GPU is compute capability {capability[0]}.{capability[1]}: install a torch CUDA build that "
+            "covers it (docker/README.md, the table of builds)")
 
 
 def check_accelerator(cfg: TrainConfig, *, cuda_available: bool | None = None) -> None:
@@ -127,12 +141,16 @@ def check_accelerator(cfg: TrainConfig, *, cuda_available: bool | None = None) -
         return
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     if cuda:
+        problem = cuda_available is None and gpu_kernel_problem(torch.cuda.get_arch_list(),
+                                                                torch.cuda.get_device_capability())
+        if problem:
+            raise NoGPUError(problem)
         return
     asked = vertex_gpus()
     if asked:
         raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees no CUDA GPU: "
                          f"{why_no_cuda()}. The job would train on the CPU at the GPU's price: fix the image "
-                         "(docker/Dockerfile builds torch for CUDA 12) or the accelerator spec, or pass "
+                         "(docker/README.md) or the accelerator spec, or pass "
                          "--allow-cpu to run on the CPU anyway")
     if cfg.profile == "full":
         raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, and there is "

@@ -198,7 +198,7 @@ def test_bucket_location_must_suit_the_job_region(location, region, status):
 # -- preflight against the Cloud Storage emulator ---------------------------------------------------------------
 def test_preflight_passes_a_sound_container_job(gcs_bucket):
     checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", cfg=make_config("smoke", data="sample"),
-                              machine=Machine("g2-standard-8", "NVIDIA_L4", 1), image_uri="gcr.io/p/trainer:1",
+                              machine=Machine("g2-standard-8", "NVIDIA_L4", 1), image_uri="gcr.io/p/trainer:1-cu126",
                               labels={"team": "nlp", "run": "smoke-1"})
     status = {c.name: c.status for c in checks}
     # The emulator reports every bucket as multi-region US: usable from us-central1, with a warning.
@@ -271,7 +271,7 @@ def test_init_takes_every_setting_it_is_not_given_from_the_environment(fake_vert
     monkeypatch.setenv("NLI_STAGING_BUCKET", f"gs://{gcs_bucket}")
     cloud = vertex.init_vertex()  # plain HTTP: anonymous
     assert cloud == vertex.VertexSettings("env-project", "us-central1", f"gs://{gcs_bucket}", fake_vertex.endpoint,
-                                          f"us-central1-docker.pkg.dev/env-project/nli/trainer:{nli_helpers.__version__}")
+                                          f"us-central1-docker.pkg.dev/env-project/nli/trainer:{nli_helpers.__version__}-cu126")
     assert vertex.init_vertex(region="europe-west4", image_uri="gcr.io/p/t:1").image_uri == "gcr.io/p/t:1"
     vertex.init_vertex()
     vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), cloud.image_uri),

@@ -29,10 +29,16 @@ from nli_helpers.pricing import CostEstimate, JobCostEstimate, estimate_cost, es
 
 from .errors import JobFailedError, NoPrebuiltImageError, PreflightError, VertexError
 from .images import (
+    DEFAULT_TORCH_CUDA,
+    GPU_COMPUTE_CAPABILITY,
     IMAGES_SOURCE,
     IMAGES_TABLE_DATE,
     PREBUILT_PYTORCH_IMAGES,
+    TORCH_CUDA_BUILDS,
     PrebuiltImage,
+    TorchCudaBuild,
+    image_gpu_problem,
+    image_torch_cuda,
     image_torch_version,
     local_torch_version,
     newest_prebuilt_image_uri,
@@ -76,12 +82,13 @@ from .preflight import Check, bucket_location_check, preflight
 
 __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build_sdist", "Check", "check_vertex_tensorboard",
            "container_worker_pools", "CostEstimate", "create_hyperparameter_tuning_job", "estimate_cost", "estimate_job_cost",
-           "fetch_outputs", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex", "VertexSettings",
+           "DEFAULT_TORCH_CUDA", "fetch_outputs", "GPU_COMPUTE_CAPABILITY", "image_gpu_problem",
+           "image_torch_cuda", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex", "VertexSettings",
            "job_args", "job_config", "JobCostEstimate", "JobFailedError", "LAUNCH_MODULE", "local_torch_version",
            "logs_url", "Machine", "newest_prebuilt_image_uri", "NoPrebuiltImageError",
            "package_torch_requirement", "pools_table", "prebuilt_image", "prebuilt_image_problem",
            "prebuilt_image_uri", "prebuilt_images_table", "PREBUILT_PYTORCH_IMAGES", "PrebuiltImage", "preflight",
            "PreflightError", "python_package_worker_pools", "queued_help", "REDUCTION_SERVER_IMAGE",
            "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer", "stage_package", "submit_custom_job",
-           "TASK_MODULE", "torch_minor", "trainer_image_build_commands", "trainer_image_uri", "training_replicas",
+           "TASK_MODULE", "TORCH_CUDA_BUILDS", "torch_minor", "TorchCudaBuild", "trainer_image_build_commands", "trainer_image_uri", "training_replicas",
            "VertexError", "watch_job"]

@@ -4,11 +4,13 @@ and the trainer image docker/Dockerfile builds, with its name and the commands t
     >>> prebuilt_image_problem(newest_prebuilt_image_uri())     # why the python-package path cannot run
     >>> trainer_image_uri("my-project", "us-central1")          # where docker/README.md pushes the image
     >>> print(trainer_image_build_commands(uri))                 # Cloud Build, or a local Docker engine
+    >>> image_gpu_problem("NVIDIA_B200", "cu126")                # a GPU the image's torch has no kernels for
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import time
 from dataclasses import dataclass
 
@@ -18,6 +20,92 @@ from packaging.specifiers import SpecifierSet
 from nli_helpers.config import __version__
 
 from .errors import NoPrebuiltImageError, VertexError
+
+# -- the trainer image's torch build and the GPUs it can run ----------------------------------------------------
+# PyTorch's CUDA builds of the pinned torch (2.13), and the GPU architectures each carries kernels for: the 2.13 row
+# of RELEASE.md's "Release Compatibility Matrix" (pytorch/pytorch#187075: stable CUDA 12.6 and 13.0, experimental
+# 13.2) and its "PyTorch CUDA Support Matrix" for Linux x86 (pytorch/pytorch#182849, which #197555 says holds for
+# 2.12-2.14). No cu128 after 2.11 (RFC pytorch/pytorch#178665 "Deprecate CUDA 12.8"; pytorch/FBGEMM#5976: "torch-2.13
+# has cu126=108 and cu130=108 wheels but cu128=0"). Driver floors: NVIDIA's minor-version compatibility table
+# (https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html): CUDA 12.x ">= 525",
+# CUDA 13.x ">= 580". `ptx`: the newest architecture also ships PTX, which the driver compiles for newer GPUs.
+TORCH_CUDA_SOURCE = ("pytorch/pytorch RELEASE.md (2.13 row, #187075; CUDA support matrix, #182849/#197555); "
+                     "pytorch/FBGEMM#5976; docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html")
+
+
+@dataclass(frozen=True)
+class TorchCudaBuild:
+    tag: str  # the wheel index's name: https://download.pytorch.org/whl/<tag>
+    cuda: str
+    architectures: tuple[tuple[int, int], ...]  # compute capabilities with kernels (SASS)
+    ptx: bool  # the newest one also ships PTX
+    min_driver: int  # the NVIDIA driver's major version
+    status: str  # PyTorch's word for it
+
+
+TORCH_CUDA_BUILDS: dict[str, TorchCudaBuild] = {
+    "cu126": TorchCudaBuild("cu126", "12.6.3", ((5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)),
+                            False, 525, "legacy (Maxwell to Hopper)"),
+    "cu130": TorchCudaBuild("cu130", "13.0.2", ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)),
+                            True, 580, "stable, the PyPI default"),
+    "cu132": TorchCudaBuild("cu132", "13.2.1", ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)),
+                            True, 580, "experimental"),
+}
+# The image's default (docker/Dockerfile's ARG TORCH_CUDA; a test keeps the two equal). Vertex AI documents no
+# driver version for its training VMs: CUDA 12.6 asks the least of the driver (>= 525) and has kernels for every
+# GPU Vertex trains on up to Hopper (P4, P100, V100, T4, L4, A100, H100, H200); Blackwell needs cu130.
+DEFAULT_TORCH_CUDA = "cu126"
+
+# Vertex AI's accelerator types (aiplatform_v1.AcceleratorType) and their compute capability, from NVIDIA's tables
+# (https://developer.nvidia.com/cuda-gpus, https://developer.nvidia.com/cuda-legacy-gpus).
+GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "NVIDIA_TESLA_K80": (3, 7), "NVIDIA_TESLA_P4": (6, 1), "NVIDIA_TESLA_P100": (6, 0),
+    "NVIDIA_TESLA_V100": (7, 0), "NVIDIA_TESLA_T4": (7, 5), "NVIDIA_L4": (8, 9), "NVIDIA_TESLA_A100": (8, 0),
+    "NVIDIA_A100_80GB": (8, 0), "NVIDIA_H100_80GB": (9, 0), "NVIDIA_H100_MEGA_80GB": (9, 0),
+    "NVIDIA_H200_141GB": (9, 0), "NVIDIA_B200": (10, 0), "NVIDIA_GB200": (10, 0), "NVIDIA_RTX_PRO_6000": (12, 0),
+}
+# GB200 machines (a4x) are Arm (aarch64) hosts; the trainer image is built for x86-64 only.
+ARM_ONLY_GPUS = {"NVIDIA_GB200"}
+
+
+def runs_on(build: TorchCudaBuild, capability: tuple[int, int]) -> bool:
+    """Has `build` a kernel for a GPU of this compute capability? A cubin for X.y runs on X.z for z >= y; PTX for
+    an older architecture is compiled by the driver for any newer one (CUDA C++ Programming Guide, "Binary
+    Compatibility" and "PTX Compatibility")."""
+    if any(a[0] == capability[0] and a[1] <= capability[1] for a in build.architectures):
+        return True
+    return build.ptx and max(build.architectures) <= capability
+
+
+def image_gpu_problem(accelerator_type: str | None, torch_cuda: str = DEFAULT_TORCH_CUDA) -> str | None:
+    """Why the trainer image (torch built for `torch_cuda`) cannot run on this GPU, or None when it can."""
+    if torch_cuda not in TORCH_CUDA_BUILDS:
+        return (f"torch has no {torch_cuda} build for this release: PyTorch publishes "
+                f"{', '.join(TORCH_CUDA_BUILDS)} ({TORCH_CUDA_SOURCE})")
+    if not accelerator_type:
+        return None
+    if accelerator_type not in GPU_COMPUTE_CAPABILITY:
+        return (f"{accelerator_type} is not a GPU the trainer image knows; it knows "
+                f"{', '.join(GPU_COMPUTE_CAPABILITY)}")
+    if accelerator_type in ARM_ONLY_GPUS:
+        return (f"{accelerator_type} machines are Arm (aarch64) hosts and the trainer image is built for x86-64: "
+                "choose an x86 GPU machine (a3, a4, a2, g2 or n1)")
+    build, capability = TORCH_CUDA_BUILDS[torch_cuda], GPU_COMPUTE_CAPABILITY[accelerator_type]
+    if runs_on(build, capability):
+        return None
+    fits = [tag for tag, b in TORCH_CUDA_BUILDS.items() if runs_on(b, capability)]
+    cc = ".".join(map(str, capability))
+    hint = (f"rebuild the image with --substitutions=_TORCH_CUDA={fits[0]} (docker/README.md)" if fits
+            else "no CUDA build of this torch runs it: choose another GPU")
+    return (f"the trainer image's torch ({torch_cuda}, kernels for compute capability "
+            f"{', '.join(f'{a}.{b}' for a, b in build.architectures)}) cannot run {accelerator_type} "
+            f"(compute capability {cc}): {hint}")
+
+
+def image_torch_cuda(image_uri: str) -> str | None:
+    """The torch CUDA build a trainer image's tag names (`...:0.1.0-cu126`), else None."""
+    found = re.search(r":[^/]*-(cu\d+)$", image_uri)
+    return found.group(1) if found else None
 
 # The prebuilt PyTorch *training* images, torch major.minor -> PrebuiltImage, read on 2026-11-22 from IMAGES_SOURCE
 # ("Prebuilt containers for custom training"): 2.4 is the newest PyTorch listed there, each "GPU only (CUDA 12.x)"
@@ -154,14 +242,15 @@ def prebuilt_images_table() -> list[dict]:
 
 
 def trainer_image_uri(project: str, region: str, *, repository: str = "nli", image: str = "trainer",
-                      tag: str | None = None) -> str:
+                      tag: str | None = None, torch_cuda: str = DEFAULT_TORCH_CUDA) -> str:
     """Where docker/README.md pushes the trainer image: REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG.
 
-    The tag defaults to the package version: rebuild and push after you change the code (or pass another tag).
+    The tag defaults to the package version and the torch CUDA build (`0.1.0-cu126`), so preflight can tell which
+    GPUs the image runs on: rebuild and push after you change the code (or pass another tag).
     """
     if not project:
         raise VertexError("trainer_image_uri needs the project id: pass project=..., or set GOOGLE_CLOUD_PROJECT")
-    return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag or __version__}"
+    return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag or f'{__version__}-{torch_cuda}'}"
 
 
 def trainer_image_build_commands(image_uri: str) -> str:
@@ -171,7 +260,10 @@ def trainer_image_build_commands(image_uri: str) -> str:
     repository = image_uri.split("/")[2] if host.endswith("-docker.pkg.dev") and image_uri.count("/") >= 3 else None
     create = (f"gcloud artifacts repositories create {repository} --repository-format=docker "
               f"--location={host.removesuffix('-docker.pkg.dev')}   # once\n") if repository else ""
-    return (f"{create}gcloud builds submit --config docker/cloudbuild.yaml --substitutions=_IMAGE={image_uri} .\n"
+    cuda = image_torch_cuda(image_uri) or DEFAULT_TORCH_CUDA
+    return (f"{create}gcloud builds submit --config docker/cloudbuild.yaml "
+            f"--substitutions=_IMAGE={image_uri},_TORCH_CUDA={cuda} .\n"
             f"# or, with a local Docker engine:\n"
             f"gcloud auth configure-docker {host}   # once\n"
-            f"docker build -f docker/Dockerfile -t {image_uri} . && docker push {image_uri}")
+            f"docker build -f docker/Dockerfile --build-arg TORCH_CUDA={cuda} -t {image_uri} . "
+            f"&& docker push {image_uri}")

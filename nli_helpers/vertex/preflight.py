@@ -19,7 +19,16 @@ from nli_helpers.config import ConfigError, NLIError, TrainConfig, batch_line
 from nli_helpers.pricing import accelerator_problem
 
 from .errors import NoPrebuiltImageError, PreflightError
-from .images import local_torch_version, prebuilt_image, prebuilt_image_problem, prebuilt_image_uri
+from .images import (
+    DEFAULT_TORCH_CUDA,
+    TORCH_CUDA_BUILDS,
+    image_gpu_problem,
+    image_torch_cuda,
+    local_torch_version,
+    prebuilt_image,
+    prebuilt_image_problem,
+    prebuilt_image_uri,
+)
 from .pools import REDUCTION_SERVER_MACHINE_TYPE, Machine, ReductionServer
 
 # Multi- and dual-region bucket locations, and the region-name prefixes / regions they contain.
@@ -47,7 +56,7 @@ def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainC
     if reduction_server is not None:
         checks.append(_check_reduction_server(reduction_server, machine, custom_container=bool(image_uri)))
     if image_uri:
-        checks.append(_check_container_image(image_uri, region))
+        checks.append(_check_container_image(image_uri, region, machine))
     else:
         checks.append(_check_sdist(sdist))
         checks.append(_check_prebuilt_image(executor_image_uri, machine, region))
@@ -139,16 +148,30 @@ def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, regi
     return Check("image/torch", "ok", f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
 
 
-def _check_container_image(image_uri: str, region: str) -> Check:
+def _check_container_image(image_uri: str, region: str, machine: Machine) -> Check:
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
         return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: expected "
                      "REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG (vertex.trainer_image_uri)")
+    cuda = image_torch_cuda(image_uri)
+    problem = image_gpu_problem(machine.accelerator_type, cuda or DEFAULT_TORCH_CUDA)
+    if problem:
+        return Check("image/torch", "fail", problem)
+    notes = []
+    if machine.has_gpu and cuda is None:
+        notes.append(f"its tag names no torch CUDA build (trainer_image_uri tags it, e.g. 0.1.0-cu126): "
+                     f"taken as docker/Dockerfile's default {DEFAULT_TORCH_CUDA}")
+    build = TORCH_CUDA_BUILDS[cuda or DEFAULT_TORCH_CUDA]
+    if machine.has_gpu and build.min_driver >= 580:
+        notes.append(f"a {build.tag} build needs an NVIDIA driver >= {build.min_driver}, and Vertex AI documents "
+                     "no driver version for its training VMs: if the job cannot see its GPUs, rebuild with cu126")
     host = image_uri.split("/", 1)[0]
     if host.endswith("-docker.pkg.dev") and not host.startswith((f"{region}-", "us-", "europe-", "asia-")):
-        return Check("image/torch", "warn", f"{image_uri} lives in {host.removesuffix('-docker.pkg.dev')}, the job "
-                     f"runs in {region}: every replica pulls it across regions (slower, egress charges)")
-    return Check("image/torch", "ok", f"custom container {image_uri}: torch and CUDA come from the image "
-                 "(docker/Dockerfile: the torch of constraints.txt, a CUDA 12.x build)")
+        notes.append(f"it lives in {host.removesuffix('-docker.pkg.dev')}, the job runs in {region}: every "
+                     "replica pulls it across regions (slower, egress charges)")
+    if notes:
+        return Check("image/torch", "warn", f"{image_uri}: " + "; ".join(notes))
+    gpu = f", which runs {machine.accelerator_type}" if machine.has_gpu else ""
+    return Check("image/torch", "ok", f"custom container {image_uri}: torch {build.tag} (CUDA {build.cuda}){gpu}")
 
 
 def _check_data(cfg: TrainConfig) -> Check:
