@@ -7,7 +7,7 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv browser demo train-smoke bench gpu-check test test-fast lint constraints clean
+.PHONY: help venv browser demo train-smoke bench gpu-check image-check test test-fast lint constraints clean
 
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
@@ -15,6 +15,7 @@ help:
 	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
 	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
 	@echo "make gpu-check  roberta-base-shaped bf16/fp16/Trainer runs on this machine's GPU into runs/gpu_check.json"
+	@echo "make image-check  resolve every install step of docker/Dockerfile against PyPI and Debian's index"
 	@echo "make lint | constraints | clean"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -44,6 +45,11 @@ bench: $(STAMP)
 # (benchmarks/README.md). Without a GPU it stops with a message; `benchmarks/gpu_check.py --cpu-smoke` is the tiny version.
 gpu-check: $(STAMP)
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
+
+# Every install step of the trainer image resolved against the real registries for its platform (PyPI and Debian's
+# index; what this machine cannot reach is named with its evidence). About a minute; .ci/run runs it.
+image-check: $(STAMP)
+	$(BIN)/python docker/image_check.py
 
 # Debian's Chromium, which tests/test_jupyterlab_ui.py drives with playwright (never `playwright install`).
 # Installed with apt when we are root and apt-get exists; otherwise a hint, and the test skips (fails in CI).

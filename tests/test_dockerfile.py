@@ -1,7 +1,9 @@
 """docker/Dockerfile, checked without a Docker engine (none runs here): it parses; its base is Docker's official
-image of the Python this project is tested with; torch is the pinned version as a CUDA 12 build; the package goes
-in under constraints.txt with its smoke model; Google's Reduction Server plugin is installed as Vertex documents;
-its entry point is the package's task module; docker/cloudbuild.yaml builds it."""
+image of the Python this project is tested with; torch is the pinned version as a CUDA build PyTorch publishes for
+it (the table in nli_helpers.vertex.images); the host driver is on the search paths; the package goes in under
+constraints.txt with its smoke model and the GPU check; Google's Reduction Server plugin is installed as Vertex
+documents; its entry point is the package's task module; docker/cloudbuild.yaml builds it with the CUDA build as a
+substitution. `make image-check` (docker/image_check.py) resolves the same steps against the real registries."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import importlib.util
 import json
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,28 +23,10 @@ from packaging.specifiers import SpecifierSet
 from tests.helpers import ROOT
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
-                "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+sys.path.insert(0, str(ROOT / "docker"))
+import image_check  # noqa: E402  (docker/image_check.py: make image-check, and the parser used here)
 
-
-def parse_dockerfile(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs: comments dropped, backslash-continued lines joined."""
-    steps, pending = [], ""
-    for line in text.splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if pending and line.lstrip().startswith("#"):  # comments inside a continued instruction
-            continue
-        pending += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
-        if not line.rstrip().endswith("\\"):
-            instruction, _, args = pending.strip().partition(" ")
-            if instruction.upper() not in INSTRUCTIONS:
-                raise ValueError(f"unknown Dockerfile instruction {instruction!r} in: {pending.strip()}")
-            steps.append((instruction.upper(), args.strip()))
-            pending = ""
-    if pending:
-        raise ValueError(f"Dockerfile ends inside a continued line: {pending}")
-    return steps
+parse_dockerfile = image_check.parse_dockerfile
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +52,67 @@ def test_the_base_is_an_official_python_image_of_the_tested_python(steps):
     assert SpecifierSet(requires).contains(f"{match.group(1)}.{match.group(2)}")
 
 
-def test_torch_is_the_pinned_version_as_a_cuda_12_build(steps):
-    args = dict(a.split("=", 1) for name, a in steps if name == "ARG" and "=" in a)
-    # Vertex AI's prebuilt GPU images are CUDA 12.x, so its drivers run CUDA 12 (>= 525 under NVIDIA's
-    # minor-version compatibility); PyPI's default torch is a CUDA 13 build, which needs a driver >= 580.
-    assert re.fullmatch(r"cu12\d", args["TORCH_CUDA"]), args
+def test_torch_is_the_pinned_version_as_a_build_pytorch_publishes_for_it(steps):
+    from nli_helpers.vertex import DEFAULT_TORCH_CUDA, TORCH_CUDA_BUILDS
+
+    args = image_check.build_args(steps)
+    assert args["TORCH_CUDA"] == DEFAULT_TORCH_CUDA and DEFAULT_TORCH_CUDA in TORCH_CUDA_BUILDS
     runs = _runs(steps)
     assert 'pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in runs
     assert "torch==$(sed -n 's/^torch==//p' constraints.txt)" in runs  # the pin, read from the one place
-    assert "torch.version.cuda or '').startswith('12.')" in runs and "torch.__version__" in runs  # checked at build
+    assert "torch.version.cuda" in runs and '"${TORCH_CUDA}"' in runs  # the build is checked at build time
+
+
+def test_the_build_time_check_accepts_each_published_build_and_refuses_another():
+    # The Dockerfile's last pip step, run here against a torch that reports each CUDA version.
+    from nli_helpers.vertex import TORCH_CUDA_BUILDS
+
+    steps = parse_dockerfile(DOCKERFILE.read_text())
+    (check,) = [c for c in image_check.run_commands(steps) if c.startswith("python -c")]
+    code, arg = shlex.split(check)[2], shlex.split(check)[3]
+    assert arg == "${TORCH_CUDA}"
+    pin = _torch_pin()
+    for tag, build in TORCH_CUDA_BUILDS.items():
+        cuda = ".".join(build.cuda.split(".")[:2])
+        fake = f"import sys, types; sys.modules['torch'] = types.SimpleNamespace(__version__='{pin}+{tag}', " \
+               f"version=types.SimpleNamespace(cuda='{cuda}'))\n"
+        ok = subprocess.run([sys.executable, "-c", fake + code, tag], cwd=ROOT, capture_output=True, text=True)
+        assert ok.returncode == 0, ok.stderr
+        wrong = subprocess.run([sys.executable, "-c", fake + code, "cu118"], cwd=ROOT, capture_output=True)
+        assert wrong.returncode != 0
+
+
+def test_a_torch_build_pytorch_never_published_fails_the_image_check():
+    text = DOCKERFILE.read_text().replace("ARG TORCH_CUDA=cu126", "ARG TORCH_CUDA=cu128")
+    (result,) = [r for r in image_check.check_torch_build(parse_dockerfile(text)) if r.status == "FAIL"]
+    assert "torch 2.13 has no cu128 build: PyTorch publishes cu126, cu130, cu132" in result.detail
+    assert image_check.main(["--skip-network", "--dockerfile", str(DOCKERFILE)]) == 0
+
+
+def test_the_host_driver_is_on_the_search_paths_as_vertex_mounts_it(steps):
+    env = " ".join(args for name, args in steps if name == "ENV")
+    assert 'LD_LIBRARY_PATH="/usr/local/nvidia/lib64' in env and 'PATH="/usr/local/nvidia/bin:${PATH}"' in env
+
+
+def test_the_build_context_holds_what_the_image_copies_and_nothing_else(steps):
+    sources = {src.rstrip("/") for name, args in steps if name == "COPY"
+               for src in [w for w in args.split() if not w.startswith("--")][:-1]}
+    lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
+    assert lines[0] == "*", "everything is ignored first, then only what the image copies is let in"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert allowed == sources
+
+
+def test_the_image_carries_the_gpu_check_and_what_it_needs(steps):
+    assert any(name == "COPY" and args.split()[0] == "benchmarks" for name, args in steps)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any("accelerate" in r for r in extras["bench"]), "the GPU check's HF Trainer run needs accelerate"
+    assert '".[smoke,bench]"' in _runs(steps)
+
+
+def test_apt_packages_from_google_s_repository_are_told_apart_from_debian_s(steps):
+    assert image_check.apt_installs(steps) == [("ca-certificates", False), ("curl", False), ("gnupg", False),
+                                               ("google-reduction-server", True)]
 
 
 def test_pip_installs_the_package_under_the_constraints_and_keeps_torch(steps):
@@ -89,7 +126,7 @@ def test_pip_installs_the_package_under_the_constraints_and_keeps_torch(steps):
     assert len(package) == 1
     words = package[0]
     assert words[words.index("-c") + 1] == "constraints.txt"
-    assert ".[smoke]" in words, "the package and the smoke model: a cloud job trains real weights"
+    assert ".[smoke,bench]" in words, "the package and the smoke model: a cloud job trains real weights"
     assert not any(w.startswith("torch") for w in words), "pip must keep the torch installed just before"
 
 
@@ -104,8 +141,12 @@ def test_cloud_build_builds_this_dockerfile_and_pushes_the_named_image():
     build = yaml.safe_load((ROOT / "docker" / "cloudbuild.yaml").read_text())
     (step,) = build["steps"]
     assert step["name"] == "gcr.io/cloud-builders/docker"
-    assert step["args"] == ["build", "-f", "docker/Dockerfile", "-t", "${_IMAGE}", "."]
+    assert step["args"] == ["build", "-f", "docker/Dockerfile", "--build-arg", "TORCH_CUDA=${_TORCH_CUDA}", "-t",
+                            "${_IMAGE}", "."]
     assert build["images"] == ["${_IMAGE}"]
+    from nli_helpers.vertex import DEFAULT_TORCH_CUDA
+
+    assert build["substitutions"] == {"_TORCH_CUDA": DEFAULT_TORCH_CUDA}
 
 
 def test_entry_point_runs_the_task_module_of_the_package(steps):
