@@ -1,6 +1,6 @@
 """The trainer image's stand-in: docker/Dockerfile's packages in a venv on this machine's Python.
 
-The image is python:3.11 with the torch constraints.txt pins (a CUDA 12.8 build there, the CPU build here) and
+The image is python:3.11 with the torch constraints.txt pins (its cu126 CUDA build there, the CPU build here) and
 `pip install .[smoke]` under constraints.txt; nli_helpers.packaging.image_venv builds exactly that from the
 project's sdist, cached by the sdist's content, so it is built once and reused until the package changes.
 """
