@@ -41,7 +41,10 @@ LABEL_NUMBER = re.compile(r"-?[0-9]+(\.0*)?")
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Texts are cut to this many characters per token of max_length before tokenising (see tokenize_splits).
 CHARS_PER_TOKEN_CAP = 32
-SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"
+SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # hand-written, 360 pairs: a test fixture
+# 2,994 real MultiNLI dev_matched pairs chosen by premise (sample/README.md): the offline default of `smoke`.
+MNLI_SUBSET_PATH = Path(__file__).parent / "sample" / "mnli_dev_matched_subset.jsonl"
+BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"), "mnli-subset": (MNLI_SUBSET_PATH, "bundled MultiNLI subset")}
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
 MATCHED_GENRES = ("fiction", "government", "slate", "telephone", "travel")
 MISMATCHED_GENRES = ("facetoface", "letters", "nineeleven", "oup", "verbatim")
@@ -260,9 +263,9 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
 
 
 def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
-    if source == "sample":
-        return splits_from_single_frame(normalise_frame(read_table(SAMPLE_PATH), "bundled sample", report),
-                                        eval_fraction, seed)
+    if source in BUNDLED:
+        path, name = BUNDLED[source]
+        return splits_from_single_frame(normalise_frame(read_table(path), name, report), eval_fraction, seed)
     if source.startswith("gs://"):
         return _load_gcs(source, report, eval_fraction, seed)
     path = Path(source).expanduser()

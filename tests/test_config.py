@@ -39,7 +39,8 @@ def test_all_problems_are_reported_together():
 def test_profiles_fill_defaults_and_overrides_win(monkeypatch):
     monkeypatch.delenv("NLI_REAL_DATA", raising=False)
     smoke = make_config("smoke")
-    assert (smoke.profile, smoke.model_name, smoke.data) == ("smoke", "minilm-l6", "sample")
+    assert (smoke.profile, smoke.model_name, smoke.data) == ("smoke", "minilm-l6", "mnli-subset")
+    assert (smoke.epochs, smoke.batch_size) == (1, 32)  # real pairs: one epoch, as on NLI_REAL_DATA
     full = make_config("full", learning_rate=3e-5)
     assert full.model_name == "roberta-base" and full.data == "nyu-mll/multi_nli"
     assert full.learning_rate == 3e-5 and full.epochs == PROFILE_DEFAULTS["full"]["epochs"]
