@@ -42,8 +42,10 @@ bench: $(STAMP)
 
 # The GPU check: a roberta-base-shaped model (random weights, no hub) in bf16, fp16 and HF Trainer on the GPU here
 # (benchmarks/README.md). Without a GPU it stops with a message; `benchmarks/gpu_check.py --cpu-smoke` is the tiny version.
+# It finds its data itself ($NLI_REAL_DATA, ../shared/data, else the bundled sample) and installs nothing: outside
+# this venv (the trainer image, a Workbench environment) run the script with the [smoke,bench] extras installed.
 gpu-check: $(STAMP)
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
+	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
 
 # Debian's Chromium, which tests/test_jupyterlab_ui.py drives with playwright (never `playwright install`).
 # Installed with apt when we are root and apt-get exists; otherwise a hint, and the test skips (fails in CI).
