@@ -43,8 +43,10 @@ bench: $(STAMP)
 
 # The GPU check: a roberta-base-shaped model (random weights, no hub) in bf16, fp16 and HF Trainer on the GPU here
 # (benchmarks/README.md). Without a GPU it stops with a message; `benchmarks/gpu_check.py --cpu-smoke` is the tiny version.
+# It finds its data itself ($NLI_REAL_DATA, ../shared/data, else the bundled sample) and installs nothing: outside
+# this venv (the trainer image, a Workbench environment) run the script with the [smoke,bench] extras installed.
 gpu-check: $(STAMP)
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
+	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
 
 # Every install step of the trainer image resolved against the real registries for its platform (PyPI and Debian's
 # index; what this machine cannot reach is named with its evidence). About a minute; .ci/run runs it.

