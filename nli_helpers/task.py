@@ -56,7 +56,7 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
     for flag, (name, value) in ALIASES.items():
         if values.pop(flag, False):
             values[name] = value
-    return make_config(values.pop("profile", "auto"), verbose=True, **values)
+    return make_config(values.pop("profile", "smoke"), verbose=True, **values)
 
 
 def main(argv: list[str] | None = None) -> int:

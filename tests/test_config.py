@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from nli_helpers.config import PROFILE_DEFAULTS, ConfigError, TrainConfig, make_config, resolve_profile
+from nli_helpers.config import PROFILE_DEFAULTS, RECIPE_CARDS, ConfigError, TrainConfig, make_config
 from nli_helpers.task import build_parser, config_from_args
 
 
@@ -56,13 +56,13 @@ def test_smoke_uses_real_data_file_when_named(monkeypatch):
     assert (sample.data, sample.epochs, sample.batch_size) == ("sample", 2, 16)
 
 
-def test_auto_chooses_smoke_without_a_gpu():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    name, why = resolve_profile("auto")
-    assert name == "smoke" and "no CUDA GPU" in why
+def test_nothing_chooses_the_expensive_recipe_for_you(capsys):
+    # The default is the cheap profile whatever the hardware; `auto` (full with a GPU and the hub) is refused.
+    assert TrainConfig().profile == "smoke" and make_config().profile == "smoke"
+    with pytest.raises(ConfigError, match="profile='auto' is gone"):
+        make_config("auto")
+    make_config("full", verbose=True)
+    assert capsys.readouterr().out.startswith("Profile " + RECIPE_CARDS["full"])
 
 
 def test_unknown_field_is_named():

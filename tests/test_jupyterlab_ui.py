@@ -13,10 +13,9 @@ bar, waits until every code cell has an execution count and the kernel is idle, 
 
 A full-page screenshot of each notebook goes to runs/ui-screenshots/ (git-ignored), on success and on failure.
 
-Data: the Jupyter server (so the kernel) runs WITHOUT `NLI_REAL_DATA`, so `profile="auto"` picks smoke on the
-bundled sample (231 training pairs) and notebook 02 trains in a minute or two instead of the up to 13 minutes its
-2,000 real pairs take on 2 loaded cores; nbval already runs both notebooks on the real file. Artefacts go to a
-temporary `NLI_RUNS_DIR`.
+Data: the Jupyter server (so the kernel) runs WITHOUT `NLI_REAL_DATA`, so the smoke profile trains on the
+real MultiNLI pairs the package ships (notebook 02 caps them at 2,000), as a learner's offline demo does; nbval
+runs both notebooks on the file `NLI_REAL_DATA` names. Artefacts go to a temporary `NLI_RUNS_DIR`.
 
 Needs: jupyterlab (the `notebooks` extra), playwright (the `dev` extra; never `playwright install`: we use the
 system browser) and Chromium at /usr/bin/chromium (`make browser`, which `make test` runs, installs Debian's with

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from nli_helpers.config import TrainConfig, make_config, resolve_profile
+from nli_helpers.config import TrainConfig, check_profile, make_config
 from nli_helpers.pricing import POOL_ROLES
 
 from .errors import VertexError
@@ -69,13 +69,14 @@ class ReductionServer:
                 "container_spec": {"image_uri": self.image_uri}}
 
 
-def job_config(profile: str = "auto", *, verbose: bool = False, **overrides: Any) -> TrainConfig:
-    """`make_config` for a Vertex AI job. A job cannot read this machine's files, so on `smoke` its data is the
-    sample the package carries unless you name one (a gs:// URI): $NLI_REAL_DATA, which `make_config` takes on
-    smoke, is a local file. The smoke model, MiniLM, is in the trainer image (docker/Dockerfile installs [smoke])."""
-    name, _ = resolve_profile(profile)
+def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: Any) -> TrainConfig:
+    """`make_config` for a Vertex AI job: the job's recipe is this argument, never this machine's hardware. A job
+    cannot read this machine's files, so on `smoke` its data is the real MultiNLI subset the package carries
+    unless you name one (a gs:// URI): $NLI_REAL_DATA, which `make_config` takes on smoke, is a local file. The
+    smoke model, MiniLM, is in the trainer image (docker/Dockerfile installs [smoke])."""
+    name = check_profile(profile)
     if name == "smoke" and not overrides.get("data"):
-        overrides["data"] = "sample"
+        overrides["data"] = "mnli-subset"
     return make_config(name, verbose=verbose, **overrides)
 
 
