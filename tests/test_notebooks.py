@@ -10,8 +10,8 @@ marker that a stripped notebook would silently skip).
 from __future__ import annotations
 
 import ast
-import re
 import dataclasses
+import re
 import typing
 from pathlib import Path
 
