@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -132,6 +133,17 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise one ConfigError naming every invalid value and what to use instead."""
         problems = []
+        # One rule for every number, where it is parsed: nan/inf never reach the loop (inf as a learning rate
+        # writes NaN weights beside a metrics.json; nan as max_grad_norm silently means "no clipping").
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{f.name}={value} must be a finite number")
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed={self.seed} must be in [0, 2**32) (numpy's seed range)")
+        if self.data is not None and not str(self.data).strip():
+            problems.append("data='' is empty (an unset shell variable?): name a file, a directory, a gs:// URI, "
+                            "a hub dataset or 'mnli-subset', or leave --data out for the profile's")
         if self.profile not in PROFILES:
             problems.append(f"profile={self.profile!r} is unknown; use one of {', '.join(PROFILES)}")
         if self.precision not in PRECISIONS:

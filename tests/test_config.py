@@ -116,3 +116,18 @@ def test_smoke_cap_caps_only_what_is_unset_and_only_on_smoke(monkeypatch):
     assert make_config("smoke").max_train_samples is None
     full = make_config("full", smoke_cap=500)
     assert (full.max_train_samples, full.max_eval_samples) == (None, None)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("learning_rate", "inf", "learning_rate=inf must be a finite number"),
+    ("max_grad_norm", "nan", "max_grad_norm=nan must be a finite number"),  # nan used to mean "no clipping"
+    ("epochs", "inf", "epochs=inf must be a finite number"),
+    ("warmup_ratio", "nan", "warmup_ratio=nan must be a finite number"),
+    ("seed", str(2**40), "must be in [0, 2**32)"),
+    ("seed", "-1", "must be in [0, 2**32)"),
+    ("data", "", "data='' is empty (an unset shell variable?)"),
+])
+def test_hostile_values_are_refused_where_they_are_parsed(flag, value, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_args(["--profile", "smoke", f"--{flag}={value}"])
+    assert message in str(err.value)
