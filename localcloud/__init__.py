@@ -9,8 +9,8 @@ What `make demo`, the notebooks under nbval and the tests use instead of the clo
 
 * gcs.py: gcp-storage-emulator, in memory on a free loopback port.
 * vertex.py: the customJobs REST surface the real aiplatform SDK calls; with `run_jobs` each replica runs as a
-  local process under the rules of rules.py, each citing the Vertex AI page it models; tuning.py adds
-  hyperparameter-tuning jobs whose trials run as child jobs.
+  local process group (replica.py) under the rules of rules.py, each quoting the Vertex AI page it models;
+  tuning.py adds hyperparameter-tuning jobs whose trials run as child jobs.
 * image.py: the trainer image's stand-in, a venv built as docker/Dockerfile builds the image and cached by the
   sdist's content (nli_helpers.packaging.image_venv), so it is built once for notebook 03, the fake's jobs and
   the tests.

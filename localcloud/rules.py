@@ -1,53 +1,102 @@
-"""How the fake of Vertex AI (localcloud/vertex.py) runs a custom job, rule by rule as Vertex AI documents it.
+"""The rules by which localcloud/vertex.py runs a custom job, each as a Vertex AI page documents it.
 
-Every rule below cites the page it models. The pages (read 2026-11-22/23; Google now also files them under
-"Gemini Enterprise Agent Platform", same API):
+Each rule quotes the sentence it models; what the pages leave open, and the fake's own choices, are
+said so. Pages read 2026-11-23. Google also files Vertex AI as "Gemini Enterprise Agent Platform"
+(same API); where only that copy of a page could be read whole, its wording ("Agent Platform") is
+quoted as found. AGENT stands for
+https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/training/
 
-* TRAINING_SERVICE: https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service
+* TRAINING_SERVICE:
+  https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service (read up to
+  "Non-zero exits"; whole as AGENT + understanding-training-service)
+* SPOT: https://docs.cloud.google.com/vertex-ai/docs/training/use-spot-vms (read as AGENT +
+  use-spot-vms)
+* SCHEDULING:
+  https://docs.cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#Scheduling (read as
+  the same proto comments in the SDK, google.cloud.aiplatform_v1.types.Scheduling, and Google's
+  client reference)
+* PACKAGE_SPEC: google.cloud.aiplatform_v1.types.PythonPackageSpec, the proto comments of
+  CustomJobSpec's page
 * PREBUILT: https://docs.cloud.google.com/vertex-ai/docs/training/pre-built-containers
-* PACKAGE_SPEC: https://docs.cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#PythonPackageSpec
-* SCHEDULING: https://docs.cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec#Scheduling
-* SPOT: https://docs.cloud.google.com/vertex-ai/docs/training/use-spot-vms
-* SPOT_VM: https://cloud.google.com/compute/docs/instances/spot (the preemption process)
 
-The rules:
+1. Queue (TRAINING_SERVICE, "Queue a new job"): "if your Google Cloud project does not have
+   sufficient remaining custom training quotas for your job, then Vertex AI keeps the job queued
+   until you have sufficient quotas." (`FakeVertex(gpu_quota={"NVIDIA_L4": 0})`, `set_quota`.)
+2. Images. PACKAGE_SPEC on executor_image_uri: "You must use an image from this list" (only
+   `:latest` tags, PREBUILT): anything else is refused on create, with a 400. A container pool runs
+   an image registered with `register_image(uri, python)`; an unknown image fails the job (the pull
+   fails).
+3. Installing a python package (PACKAGE_SPEC, python_module: "The Python module name to run after
+   installing the packages"). pip keeps an installed distribution that satisfies a requirement and
+   replaces one that does not; the fake reads the sdist's own Requires-Dist against the image's
+   torch (PREBUILT) and, where pip would replace it (with the newest CUDA build on PyPI, on every
+   replica at every start), fails the job saying so. No published image (torch <= 2.4) suits this
+   package (torch >= 2.6), so a python-package job never trains.
+4. Success (TRAINING_SERVICE): "A training job completes successfully when its primary replica exits
+   with exit code 0. At that point, Vertex AI shuts down all the other running workers."
+5. VM maintenance (TRAINING_SERVICE, "Restart workers during the training job"): "When the VM
+   running a worker is subjected to VM maintenance, Vertex AI restarts the worker on another VM."
+   `preempt(job, replica, kind="maintenance")` stops the replica as a container stop does (SIGTERM
+   to its first process, SIGKILL to all after the grace period; `hard=True` kills at once) and
+   starts it again with the same hostname, command and environment. The page gives no limit to these
+   restarts and no grace period: the fake sets no limit and stops with its `grace_s` (30 s by
+   default, a Spot VM's: rule 6).
+6. Spot preemption (SPOT, "Preemption handling"): "When Spot VMs are preempted, the serverless
+   training job fails with a `STOCKOUT` error and Compute Engine tries to restart the job up to six
+   times." So `preempt(job, replica, kind="spot")`, allowed only for a job with scheduling.strategy
+   SPOT, stops that replica as in rule 5, then every other one, and starts the WHOLE job again; the
+   seventh preemption ends it FAILED with the stockout message of TRAINING_SERVICE's "Handle common
+   errors" table: "Resources are insufficient in region: REGION_NAME. Try a different region or use
+   a different accelerator." (SPOT names the error, not its message: that row's message is the
+   fake's choice.) Grace period: Compute Engine's preemption process sends "a preemption notice to
+   the instance in the form of an ACPI G2 Soft Off signal" and, "If the instance does not stop after
+   30 seconds", "an ACPI G3 Mechanical Off signal"
+   (https://cloud.google.com/compute/docs/instances/preemptible#preemption-process, read as quoted
+   in a public repository; Vertex documents none of its own).
+7. Non-zero exits (TRAINING_SERVICE): "If any worker exits with a non-zero exit code, Vertex AI
+   restarts that worker immediately in the same VM." and "If a worker fails due to a common error,
+   it is treated as a permanent error, and Agent Platform shuts down the entire job." The table of
+   common errors ("Handle common errors") lists "User code exception", whose message is "The replica
+   REPLICA_NAME exited with a non-zero status of EXIT_CODE . Termination reason: REASON .", with the
+   note: "If the job encountered exit codes that could be transient, Agent Platform tries to restart
+   the job up to three times." Those codes: SIGABRT "ExitCode 6" and "ExitCode 134 (custom
+   containers)", SIGSEGV "ExitCode 11" and "ExitCode 139 (custom containers)". So a transient code
+   stops every replica and restarts the whole job, at most three times, then the job ends FAILED;
+   any other non-zero exit ends it FAILED at once. The message is the template and nothing more
+   (what the replica printed stays in its log: `replica_log`, the job's `log`). REASON's values are
+   not documented; the fake writes "Error", as the messages of real jobs quoted in public
+   repositories do. The page's other branch ("non-permanent error (any error not listed in the
+   common errors)": up to five restarts per worker, then up to three whole-job retries) has no
+   trigger here: every exit of user code is in the table.
+8. `restart_job_on_worker_restart` (SCHEDULING): "Restarts the entire CustomJob if a worker gets
+   restarted. This feature can be used by distributed training jobs that are not resilient to
+   workers leaving and joining a job." A worker restarted by rule 5 restarts every training replica
+   (SIGTERM, grace, SIGKILL, start).
+9. `scheduling.timeout` (SCHEDULING): "The maximum job running time. The default is 7 days." The
+   fake counts from JOB_STATE_RUNNING across restarts. The page does not say how such a job ends.
+   The fake CANCELS it, with a message of its own, as the predecessor service documents ("If the
+   training job is still running after this duration, AI Platform Training cancels it. The duration
+   is measured from when the job enters the `RUNNING` state", Scheduling.maxRunningTime of the ml v1
+   API, read in clients generated from its discovery document) and as a Vertex user saw ("After 7
+   days it gets cancelled", https://github.com/tensorflow/tfx/issues/6223). A job that sets no
+   timeout gets the fake's safety limit, JOB_TIMEOUT_S (not Vertex's 7 days), and then ends FAILED
+   saying it is the fake's limit.
+10. CLOUD_ML_PROJECT_ID holds the project NUMBER. No Vertex page listing the training containers'
+    variables was found; the SDK reads it so (google/cloud/aiplatform/initializer.py:
+    `project_number = ... os.environ.get("CLOUD_ML_PROJECT_ID")`, then converts the number to the
+    project id; https://github.com/googleapis/python-aiplatform/issues/852: "there is a way to get
+    project number from the Vertex environment"). The fake's numbers: `project_number`.
 
-1. Queue (TRAINING_SERVICE, "Queue a new job"): a job whose GPUs exceed the project's remaining custom-training
-   quota stays JOB_STATE_QUEUED until quota frees up (`FakeVertex(gpu_quota={"NVIDIA_L4": 0})`, `set_quota`).
-2. Images. A python-package pool must name a prebuilt training image (PACKAGE_SPEC: "You must use an image from
-   this list"; only `:latest` tags, PREBUILT): anything else is refused on create, with a 400. A container pool
-   runs an image registered with `register_image(uri, python)`; an unknown image fails the job (the pull fails).
-3. Installing a python package. Vertex installs the staged packages into the image and then runs the module
-   (PACKAGE_SPEC: "The Python module name to run after installing the packages"); pip keeps an installed
-   distribution that satisfies a requirement and replaces one that does not. The fake reads the sdist's own
-   Requires-Dist (its ranges, never this repository's pins) against the image's torch (PREBUILT). When pip would
-   replace the image's torch, the fake fails the job there, saying so: on Vertex pip would download the newest
-   torch from PyPI (a CUDA build of several GB, not the image's CUDA) on every replica at every start, which the
-   fake does not do. None of the published images (torch <= 2.4) suits this package (torch >= 2.6), and the fake
-   has no environment holding their torch, so a python-package job never trains here.
-4. Success (TRAINING_SERVICE): "A training job completes successfully when its primary replica exits with exit
-   code 0. At that point, Vertex AI shuts down all the other running workers."
-5. Preemption and maintenance (TRAINING_SERVICE, "Restart workers"; SPOT; SPOT_VM): `preempt(job, replica)`
-   sends SIGTERM to the replica's first process (what a container stop does), and after the grace period
-   (30 s for a Spot VM, SPOT_VM) SIGKILLs everything left; `hard=True` kills at once. The worker is then restarted
-   with the same hostname, command and environment ("starts running your code again from its start"), up to six
-   times a job (SPOT: "Compute Engine tries to restart the job up to six times").
-6. Non-zero exits (TRAINING_SERVICE, "Handle common errors"): a user-code exit is permanent and ends the job
-   FAILED with "The replica REPLICA exited with a non-zero status of CODE", except the exit codes Vertex calls
-   possibly transient, SIGABRT and SIGSEGV (134 and 139 in a custom container, 6 and 11 from a prebuilt image):
-   the worker is restarted in place, up to five restarts a worker, then the whole job up to three times.
-7. `restart_job_on_worker_restart` (SCHEDULING): "Restarts the entire CustomJob if a worker gets restarted": every
-   training replica is stopped (SIGTERM, grace, SIGKILL) and started again.
-
-Deliberately not modelled: Reduction Server pools (Google's image, which serves NCCL between GPUs) are accepted
-and noted in the job log, not started; machine specs are recorded, not honoured (everything runs on this CPU);
-the whole-job retry of a stockout or internal error.
+Deliberately not modelled: Reduction Server pools (Google's image, which serves NCCL between GPUs)
+are accepted and noted in the job log, not started; machine specs are recorded, not honoured
+(everything runs on this CPU); internal errors and their retries; the job's state while Vertex
+restarts it (the fake keeps JOB_STATE_RUNNING).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
+import hashlib
 import re
 import signal
 import subprocess
@@ -57,8 +106,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJob, JobState
+from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJob, JobState, Scheduling
 
+from localcloud.replica import Replica, stop_all
 from nli_helpers import packaging
 
 # Rule 2: the PyTorch rows of the prebuilt training images table (PREBUILT, read 2026-11-22): name -> (torch, Python).
@@ -70,11 +120,12 @@ PUBLISHED_PYTORCH_IMAGES = {
 }
 PREBUILT_HOSTS = ("us-docker.pkg.dev", "europe-docker.pkg.dev", "asia-docker.pkg.dev")
 DEFAULT_ENTRYPOINT = ["python", "-m", "nli_helpers.task"]  # docker/Dockerfile's ENTRYPOINT
-TRANSIENT_EXIT_CODES = {"container_spec": {134, 139}, "python_package_spec": {6, 11}}  # rule 6
-MAX_WORKER_RESTARTS, MAX_JOB_RETRIES, MAX_PREEMPTIONS = 5, 3, 6  # rules 5 and 6
-SPOT_GRACE_S = 30.0  # rule 5
-JOB_TIMEOUT_S = 900
+TRANSIENT_EXIT_CODES = {"container_spec": {134, 139}, "python_package_spec": {6, 11}}  # rule 7
+MAX_JOB_RETRIES, MAX_SPOT_RESTARTS = 3, 6  # rules 7 and 6
+SPOT_GRACE_S = 30.0  # rule 6
+JOB_TIMEOUT_S = 900.0  # rule 9: the fake's safety limit for a job that sets no scheduling.timeout
 TERMINAL = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED}
+PREEMPTION_KINDS = ("spot", "maintenance")  # rules 6 and 5
 
 
 def published_image(uri: str) -> tuple[str, str] | None:
@@ -113,20 +164,46 @@ def server_side_problem(proto: CustomJob) -> str | None:
     return f"invalid label keys: {bad}" if bad else None
 
 
-
 def api_error(code: int, status: str, message: str) -> tuple[int, dict]:
     return code, {"error": {"code": code, "message": message, "status": status}}
 
 
+def project_number(project: str) -> str:
+    """Rule 10: the project number the fake gives a project id (stable, 12 digits; a number stays itself)."""
+    if project.isdigit():
+        return project
+    return str(10**11 + int(hashlib.sha256(project.encode()).hexdigest(), 16) % (9 * 10**11))
 
-# -- a job and its replicas -----------------------------------------------------------------------------------------
+
+def failure_message(replica: str, code: int) -> str:
+    """Rule 7: the "User code exception" message, as Vertex's template has it and nothing more."""
+    return f"The replica {replica} exited with a non-zero status of {code}. Termination reason: Error."
+
+
+def stockout_message(proto: CustomJob) -> str:
+    """Rule 6: the stockout message, for the job's region (projects/P/locations/REGION/customJobs/ID)."""
+    region = proto.name.split("/")[3]
+    return (f"Resources are insufficient in region: {region}. "
+            "Try a different region or use a different accelerator.")
+
+
+def time_limit(proto: CustomJob) -> tuple[float, bool]:
+    """Rule 9: the seconds the job may run, and whether the job set them (scheduling.timeout)."""
+    scheduling = proto.job_spec.scheduling
+    if "timeout" in scheduling and scheduling.timeout.total_seconds() > 0:
+        return scheduling.timeout.total_seconds(), True
+    return JOB_TIMEOUT_S, False
+
+
+# -- a job ------------------------------------------------------------------------------------------
 @dataclass
 class FakeJob:
     proto: CustomJob
     request_body: dict
     log: str = ""
     replicas: dict[str, Replica] = field(default_factory=dict)
-    preemptions: int = 0
+    job_retries: int = 0  # whole-job restarts after a possibly transient exit (rule 7)
+    spot_restarts: int = 0  # whole-job restarts after a Spot preemption (rule 6)
     cpu_replicas: int = 0  # its training replicas, while they hold a share of this machine's cores
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)  # replicas are running
@@ -141,62 +218,6 @@ class FakeJob:
 
     def running(self) -> list[subprocess.Popen]:
         return [p for p in self.processes if p.poll() is None]
-
-
-
-# -- a replica: one "container" -------------------------------------------------------------------------------------
-@dataclass
-class Replica:
-    name: str  # workerpool0-0, workerpool1-0, ...
-    kind: str  # "container_spec" or "python_package_spec"
-    command: list[str]
-    env: dict[str, str]
-    workdir: Path
-    attempt: int = 0
-    process: subprocess.Popen | None = None
-    preempted: bool = False
-    restarts: int = 0
-    finished: bool = False  # exited 0
-    logs: list[Path] = field(default_factory=list)
-
-    @property
-    def primary(self) -> bool:
-        return self.name == "workerpool0-0"
-
-    def start(self) -> None:
-        self.attempt, self.preempted, self.finished = self.attempt + 1, False, False
-        (self.workdir / self.name).mkdir(parents=True, exist_ok=True)
-        self.logs.append(self.workdir / f"{self.name}.attempt-{self.attempt}.log")
-        with open(self.logs[-1], "w") as log:
-            # Its own session: the replica's processes form one group, as a container's do.
-            self.process = subprocess.Popen(self.command, cwd=self.workdir / self.name, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill_all(self) -> None:
-        """SIGKILL every process of the replica (what tearing a container down does)."""
-        if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.process.wait()
-
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM to the first process, then SIGKILL to all after `grace_s` (a container stop)."""
-        if self.running():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill_all()
-
-    def log_text(self, attempt: int | None = None) -> str:
-        path = self.logs[(attempt or self.attempt) - 1] if self.logs else None
-        return path.read_text(errors="replace") if path and path.exists() else ""
 
 
 # -- quota (rule 1) ---------------------------------------------------------------------------------------------
@@ -234,28 +255,59 @@ class Quota:
             self.changed.notify_all()
 
 
-# -- supervising the replicas (rules 4-7) --------------------------------------------------------------------------
+# -- running the replicas (rules 4-9) ---------------------------------------------------------------
 class Outcome:
-    SUCCEEDED, FAILED, CANCELLED, RETRY_JOB = "succeeded", "failed", "cancelled", "retry job"
+    SUCCEEDED, FAILED, CANCELLED, TIMED_OUT = "succeeded", "failed", "cancelled", "timed out"
+    RETRY_JOB, SPOT_RESTART = "retry job", "spot restart"  # the whole job starts again (rules 7 and 6)
 
 
-def supervise(job, replicas: list[Replica], *, restart_whole_job: bool, grace_s: float,
-              timeout_s: float = JOB_TIMEOUT_S) -> tuple[str, str]:
-    """Start every replica and apply rules 4-7 until the job ends; returns (Outcome, message)."""
+def run_job(job: FakeJob, replicas: list[Replica], *, grace_s: float) -> tuple[JobState, str]:
+    """Rules 4-9 from JOB_STATE_RUNNING to the job's end: its final state and error message."""
+    limit, set_by_job = time_limit(job.proto)
+    deadline = time.monotonic() + limit  # rule 9: running time, across whole-job restarts
+    restart_all = job.proto.job_spec.scheduling.restart_job_on_worker_restart
+    while True:
+        outcome, message = supervise(job, replicas, restart_whole_job=restart_all, grace_s=grace_s,
+                                     deadline=deadline)
+        if outcome == Outcome.RETRY_JOB and job.job_retries < MAX_JOB_RETRIES:  # rule 7
+            job.job_retries += 1
+            job.note(f"{message} Possibly transient: restarting the job "
+                     f"({job.job_retries} of {MAX_JOB_RETRIES})")
+        elif outcome == Outcome.SPOT_RESTART and job.spot_restarts < MAX_SPOT_RESTARTS:  # rule 6
+            job.spot_restarts += 1
+            job.note(f"{message}: the job fails with a STOCKOUT error; restarting the job "
+                     f"({job.spot_restarts} of {MAX_SPOT_RESTARTS})")
+        elif outcome == Outcome.SPOT_RESTART:
+            job.note(f"{message} again, after {MAX_SPOT_RESTARTS} restarts: the job fails")
+            return JobState.JOB_STATE_FAILED, stockout_message(job.proto)
+        elif outcome == Outcome.TIMED_OUT and set_by_job:  # rule 9
+            return JobState.JOB_STATE_CANCELLED, (f"The job ran longer than its scheduling.timeout "
+                                                  f"({limit:g} s) and was cancelled.")
+        elif outcome == Outcome.TIMED_OUT:
+            return JobState.JOB_STATE_FAILED, (f"the fake's safety limit of {limit:g} s passed: the job "
+                                               "sets no scheduling.timeout (Vertex's default is 7 days)")
+        else:
+            states = {Outcome.SUCCEEDED: JobState.JOB_STATE_SUCCEEDED,
+                      Outcome.CANCELLED: JobState.JOB_STATE_CANCELLED}
+            return states.get(outcome, JobState.JOB_STATE_FAILED), message
+
+
+def supervise(job: FakeJob, replicas: list[Replica], *, restart_whole_job: bool, grace_s: float,
+              deadline: float) -> tuple[str, str]:
+    """Start every replica and apply rules 4-8 until the job ends or must start again as a whole."""
     for replica in replicas:
         replica.start()
-    deadline = time.monotonic() + timeout_s
     while True:
         if job.cancel_requested.is_set():
-            _stop(replicas, grace_s)
+            stop_all(replicas, grace_s)
             return Outcome.CANCELLED, "cancelled by the user"
         if time.monotonic() > deadline:
-            _stop(replicas, 0)
-            return Outcome.FAILED, f"the fake's job timeout ({timeout_s:g} s) passed"
-        # A preempted replica first: its restart (of the whole job, with rule 7) comes before the errors its
-        # peers then run into, as on Vertex, where the VM event starts the restart. So while a preempted replica is
-        # still stopping (or being reaped: Popen.poll() answers None while another thread waits on it), the exits
-        # of its peers wait for it.
+            stop_all(replicas, grace_s)
+            return Outcome.TIMED_OUT, ""
+        # A preempted replica first: its restart (of the whole job, with rules 6 and 8) comes before the
+        # errors its peers then run into, as on Vertex, where the VM event starts the restart. So while a
+        # preempted replica is still stopping (or being reaped: Popen.poll() answers None while another thread
+        # waits on it), the exits of its peers wait for it; and its own exit code, 0 included, is the VM's.
         if any(r.preempted and r.running() for r in replicas):
             time.sleep(0.1)
             continue
@@ -264,32 +316,23 @@ def supervise(job, replicas: list[Replica], *, restart_whole_job: bool, grace_s:
             if code is None:
                 continue
             replica.kill_all()  # the container is gone with its first process
-            if code == 0:
+            if code == 0 and not replica.preempted:
                 replica.finished = True
                 if replica.primary:  # rule 4
-                    _stop([r for r in replicas if r is not replica], grace_s)
+                    stop_all([r for r in replicas if r is not replica], grace_s)
                     return Outcome.SUCCEEDED, ""
                 continue
-            if replica.preempted:  # rule 5
-                job.preemptions += 1
-                if job.preemptions > MAX_PREEMPTIONS:
-                    _stop(replicas, grace_s)
-                    return Outcome.FAILED, f"{replica.name} was preempted {job.preemptions} times"
-                why = "preempted: restarted on another VM with the same hostname"
-            elif code in TRANSIENT_EXIT_CODES[replica.kind]:  # rule 6
-                replica.restarts += 1
-                if replica.restarts > MAX_WORKER_RESTARTS:
-                    _stop(replicas, grace_s)
-                    return Outcome.RETRY_JOB, f"{replica.name} exited {code} after {MAX_WORKER_RESTARTS} restarts"
-                why = f"exited {code} (possibly transient): restarted in place"
-            else:
-                _stop(replicas, grace_s)
-                tail = "\n".join(replica.log_text().strip().splitlines()[-5:])
-                return Outcome.FAILED, (f"The replica {replica.name} exited with a non-zero status of {code}. "
-                                        f"Termination reason: Error. Last lines:\n{tail}")
-            if restart_whole_job:  # rule 7
+            if replica.preempted == "spot":  # rule 6: every replica goes, the whole job starts again
+                stop_all(replicas, grace_s)
+                return Outcome.SPOT_RESTART, f"{replica.name}'s Spot VM was preempted"
+            if not replica.preempted:  # rule 7: a transient code restarts the job, any other ends it
+                stop_all(replicas, grace_s)
+                transient = code in TRANSIENT_EXIT_CODES[replica.kind]
+                return Outcome.RETRY_JOB if transient else Outcome.FAILED, failure_message(replica.name, code)
+            why = "VM maintenance: restarted on another VM with the same hostname"  # rule 5
+            if restart_whole_job:  # rule 8
                 job.note(f"{replica.name} {why}; restart_job_on_worker_restart: restarting every replica")
-                _stop(replicas, grace_s)
+                stop_all(replicas, grace_s)
                 for other in replicas:
                     other.start()
             else:
@@ -298,32 +341,23 @@ def supervise(job, replicas: list[Replica], *, restart_whole_job: bool, grace_s:
         time.sleep(0.1)
 
 
-def _stop(replicas: list[Replica], grace_s: float) -> None:
-    for replica in replicas:
-        if replica.running():
-            replica.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for replica in replicas:
-        if replica.process is not None:
-            try:
-                replica.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            replica.kill_all()
-
-
-def preempt(replica: Replica, *, hard: bool, grace_s: float) -> None:
-    """Rule 5: a maintenance event or a Spot preemption of the VM under `replica`."""
+def preempt(job: FakeJob, replica: Replica, *, kind: str, hard: bool, grace_s: float) -> None:
+    """Rules 5 and 6: VM maintenance (`kind="maintenance"`) or a Spot preemption of the VM under `replica`."""
+    if kind not in PREEMPTION_KINDS:
+        raise ValueError(f"kind={kind!r}: a preemption is one of {PREEMPTION_KINDS}")
+    if kind == "spot" and job.proto.job_spec.scheduling.strategy != Scheduling.Strategy.SPOT:
+        raise ValueError(f"{job.proto.name} does not run on Spot VMs (scheduling.strategy SPOT): only VM "
+                         "maintenance (kind=\"maintenance\") can take its VMs away")
     if not replica.running():
         raise RuntimeError(f"{replica.name} is not running")
-    replica.preempted = True
+    replica.preempted = kind
     if hard:
         replica.kill_all()
         return
     replica.process.send_signal(signal.SIGTERM)
     attempt = replica.attempt
 
-    def power_off() -> None:  # the Spot VM's hard stop after the grace period
+    def power_off() -> None:  # the VM's hard stop after the grace period
         if replica.attempt == attempt and replica.running():
             replica.kill_all()
 

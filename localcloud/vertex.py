@@ -15,12 +15,13 @@ int64 as strings (the SDK asks for `$alt=json;enum-encoding=int`).
 
 With `run_jobs` it RUNS each job's training replicas as local processes, following the rules of
 localcloud/rules.py, each of which cites the Vertex AI page it models: the quota queue, the images a
-python package may name, how pip treats the image's torch, success, preemption (`fake.preempt`), restarts after
-non-zero exits, and `restart_job_on_worker_restart`. Every replica of workerpool0 (chief) and workerpool1
-(workers) gets the variables Vertex sets: CLUSTER_SPEC (every replica's 127.0.0.1:PORT, its own task type and
-index), node-level RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as the prebuilt PyTorch images set them, and
-AIP_MODEL_DIR / AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really
-trains over torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING.
+python package may name, how pip treats the image's torch, success, VM maintenance and Spot preemption
+(`fake.preempt`), non-zero exits, `restart_job_on_worker_restart` and `scheduling.timeout`. Every replica of
+workerpool0 (chief) and workerpool1 (workers) gets the variables Vertex sets: CLUSTER_SPEC (every replica's
+127.0.0.1:PORT, its own task type and index), node-level RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as the
+prebuilt PyTorch images set them, CLOUD_ML_PROJECT_ID (the project number) and AIP_MODEL_DIR /
+AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really trains over
+torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING.
 A container job runs the interpreter registered for its image: localcloud/image.py builds the trainer image's.
 """
 
@@ -42,6 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 from google.cloud.aiplatform_v1.types import CustomJob, JobState
 
 from localcloud import rules
+from localcloud.replica import Replica
 from localcloud.tuning import handle_tuning
 
 JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
@@ -95,10 +97,13 @@ class FakeVertex:
         """Change the project's GPU quota (rule 1): queued jobs that now fit start."""
         self.quota.set(accelerator_type, count)
 
-    def preempt(self, name: str, replica: str = "workerpool0-0", *, hard: bool = False,
+    def preempt(self, name: str, replica: str = "workerpool0-0", *, kind: str, hard: bool = False,
                 grace_s: float | None = None) -> None:
-        """A maintenance event or Spot preemption of the VM under `replica` (rule 5)."""
-        rules.preempt(self.jobs[name].replicas[replica], hard=hard, grace_s=self.grace_s if grace_s is None else grace_s)
+        """Take the VM under `replica` away: `kind="maintenance"` restarts that replica on another
+        VM (rule 5); `kind="spot"` (a Spot job only) restarts the whole job, at most six times (rule 6)."""
+        job = self.jobs[name]
+        rules.preempt(job, job.replicas[replica], kind=kind, hard=hard,
+                      grace_s=self.grace_s if grace_s is None else grace_s)
 
     def replica_log(self, name: str, replica: str = "workerpool0-0") -> str:
         """What the replica's current attempt has printed so far."""
@@ -180,7 +185,7 @@ class FakeVertex:
 
     # -- running a job --------------------------------------------------------------------------------------
     def _run(self, job: rules.FakeJob) -> None:
-        """Queue, prepare and supervise the job to its end (rules 1-7); used for trials too."""
+        """Queue, prepare and run the job to its end (rules 1-9); used for trials too."""
         need = rules.gpus_needed(job.proto)
         with self.quota.changed:
             while not self.quota.fits(need) and not job.cancel_requested.is_set():
@@ -231,25 +236,14 @@ class FakeVertex:
             (kind, command, spec_env) = found
             for index in range(pool.replica_count):
                 name = f"workerpool{i}-{index}"
-                job.replicas[name] = rules.Replica(name, kind, command, self._job_env(job, spec_env, name, hosts, threads),
-                                                    workdir)
+                env = self._job_env(job, spec_env, name, hosts, threads)
+                job.replicas[name] = Replica(name, kind, command, env, workdir)
         with self._lock:
             if job.cancel_requested.is_set():
                 return JobState.JOB_STATE_CANCELLED, "cancelled by the user"
             job.proto.state, job.proto.start_time = JobState.JOB_STATE_RUNNING, rules.now()
-        restart_all = job.proto.job_spec.scheduling.restart_job_on_worker_restart
-        replicas = list(job.replicas.values())
-        for attempt in range(1, rules.MAX_JOB_RETRIES + 2):
-            job.started.set()
-            outcome, message = rules.supervise(job, replicas, restart_whole_job=restart_all, grace_s=self.grace_s)
-            if outcome != rules.Outcome.RETRY_JOB or attempt > rules.MAX_JOB_RETRIES:
-                break
-            job.note(f"{message}: retrying the whole job ({attempt} of {rules.MAX_JOB_RETRIES})")
-            for replica in replicas:
-                replica.restarts = 0
-        states = {rules.Outcome.SUCCEEDED: JobState.JOB_STATE_SUCCEEDED,
-                  rules.Outcome.CANCELLED: JobState.JOB_STATE_CANCELLED}
-        return states.get(outcome, JobState.JOB_STATE_FAILED), message
+        job.started.set()
+        return rules.run_job(job, list(job.replicas.values()), grace_s=self.grace_s)
 
     def _command(self, job: rules.FakeJob, pool, workdir: Path) -> tuple[str, list[str], list[dict]] | str:
         """(kind, the command one replica of this pool runs, the pool's env), or why it cannot run."""
@@ -289,8 +283,9 @@ class FakeVertex:
         env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
-                   CLOUD_ML_PROJECT_ID=job.proto.name.split("/")[1], HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                   CLOUD_ML_PROJECT_ID=rules.project_number(job.proto.name.split("/")[1]),  # rule 10
+                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS=str(threads),
+                   PYTHONUNBUFFERED="1",
                    # Not Vertex's: the replicas run on this CPU whatever GPUs the job asked for, so the trainer is
                    # told to accept that (its --allow-cpu), instead of refusing a GPU job without a GPU.
                    NLI_ALLOW_CPU="1")

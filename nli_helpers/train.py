@@ -40,7 +40,8 @@ from .progress import live_progress, log_line
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
 # The exit code after a SIGTERM (Spot preemption, VM maintenance) once the checkpoint is saved. Vertex AI shuts a job
 # down for good when a replica exits with a "user code exception", except for the exit codes it calls possibly
-# transient, which it retries: SIGABRT's 134 and SIGSEGV's 139 in a custom container ("Handle common errors",
+# transient, after which it restarts the job (up to three times): SIGABRT's 134 and SIGSEGV's 139 in a custom
+# container ("Handle common errors",
 # https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service). A preempted replica is
 # restarted anyway; this code makes sure that the replicas which stop with it (every rank stops at the same step)
 # are retried too, instead of failing the job. `python -m nli_helpers.launch` exits with it as well.

@@ -1,13 +1,15 @@
-"""What Vertex AI does to a running job, against the fake: preemption and restarts, quota queues, slow jobs.
+"""What Vertex AI does to a running training job, against the fake: preemption and restarts, quota queues.
 
-Each job runs the trainer image's stand-in (localcloud/image.py) on the default path, the custom container, and
-trains the smoke model the image carries (MiniLM, with dropout: an exact resume needs every RNG state back). The
-fake applies Vertex's documented rules (localcloud/rules.py): a preempted replica gets SIGTERM, then
-SIGKILL after the grace period, and is restarted with the same command and environment; a multi-replica job
-restarts every replica (`restart_job_on_worker_restart`, on by default for it). The restarted trainer finds
-AIP_CHECKPOINT_DIR and resumes from the newest complete checkpoint there, so the job must end with exactly the
-metrics of an uninterrupted job of the same seed. One job per topology is preempted twice: gracefully (SIGTERM,
-the trainer checkpoints where it stands) and then, after it resumed, hard (SIGKILL: the newest periodic checkpoint).
+Each job runs the trainer image's stand-in (localcloud/image.py) on the default path, the custom container,
+and trains the smoke model the image carries (MiniLM, with dropout: an exact resume needs every RNG state
+back). The fake applies Vertex's documented rules (localcloud/rules.py): a preempted replica gets SIGTERM,
+then SIGKILL after the grace period; a Spot preemption restarts the whole job (the single-replica job here
+runs on Spot VMs); VM maintenance restarts the replica, and with it every replica of a multi-replica job
+(`restart_job_on_worker_restart`, on by default for it). The restarted trainer finds AIP_CHECKPOINT_DIR and
+resumes from the newest complete checkpoint there, so the job must end with exactly the metrics of an
+uninterrupted job of the same seed. One job per topology is interrupted twice: gracefully (SIGTERM, the
+trainer checkpoints where it stands) and then, after it resumed, hard (SIGKILL: the newest periodic
+checkpoint). The same rules on one-line jobs, with their limits and messages: tests/test_vertex_rules.py.
 """
 
 from __future__ import annotations
@@ -42,16 +44,19 @@ def cloud(make_fake_vertex, trainer_image_python, gcs_bucket):
     return fake, gcs_bucket, TRAINER_IMAGE
 
 
-def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: str | None = None):
-    """Submit the job; with `interrupt=replica`, preempt that replica gracefully once the chief has logged step 8,
-    then hard once the restarted chief has logged step 16."""
+def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: str | None = None,
+            kind: str | None = None):
+    """Submit the job (on Spot VMs for `kind="spot"`); with `interrupt=replica`, take that replica's VM
+    away (`kind`: "spot" or "maintenance") gracefully once the chief has logged step 8, then hard once the
+    restarted chief has logged step 16."""
     fake, bucket, image = cloud
     pools = vertex.container_worker_pools(make_config("smoke", **JOB), machine, image)
-    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name)
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name,
+                                   spot=kind == "spot")
     if interrupt:
         for step, hard in ((8, False), (16, True)):
             wait_for_step(fake, job.resource_name, step)  # in the chief's current attempt
-            fake.preempt(job.resource_name, interrupt, hard=hard)
+            fake.preempt(job.resource_name, interrupt, kind=kind, hard=hard)
     assert vertex.watch_job(job, poll_s=0.5, timeout_s=600, progress=False) == "JOB_STATE_SUCCEEDED"
     metrics = vertex.fetch_outputs(job, out / name)
     history = [json.loads(line) for line in (out / name / "history.jsonl").read_text().splitlines()]
@@ -84,9 +89,9 @@ def test_a_preempted_single_replica_job_resumes_to_the_same_metrics(cloud, tmp_p
     uninterrupted = run_job(cloud, ONE, "one", tmp_path)
     assert uninterrupted[0]["train"]["steps"] == 24 and uninterrupted[0]["parameters"] > 20e6
 
-    preempted = run_job(cloud, ONE, "one-preempted", tmp_path, interrupt="workerpool0-0")
+    preempted = run_job(cloud, ONE, "one-preempted", tmp_path, interrupt="workerpool0-0", kind="spot")
     log = preempted[2].log
-    assert log.count("[fake] workerpool0-0 preempted: restarted on another VM") == 2
+    assert log.count("[fake] workerpool0-0's Spot VM was preempted: the job fails with a STOCKOUT error") == 2
     assert f"exiting {134}" in log  # the trainer's restartable code, after its checkpoint
     graceful = re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-(\d+)", log)
     assert graceful and int(graceful.group(1)) >= 8, log[-3000:]  # the step it stopped at, not an epoch end
@@ -102,37 +107,14 @@ def test_a_preempted_worker_restarts_the_two_replica_torchrun_job_to_the_same_me
     body = cloud[0].created_bodies[0]
     assert body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] is True  # the default for several replicas
 
-    preempted = run_job(cloud, TWO, "two-preempted", tmp_path, interrupt="workerpool1-0")
+    preempted = run_job(cloud, TWO, "two-preempted", tmp_path, interrupt="workerpool1-0", kind="maintenance")
     log = preempted[2].log
-    assert log.count("workerpool1-0 preempted") == 2 and "restarting every replica" in log
+    assert log.count("workerpool1-0 VM maintenance: restarted on another VM") == 2
+    assert log.count("restart_job_on_worker_restart: restarting every replica") == 2
     assert "[launch] preempted" in log and f"exiting {134}" in log  # the launcher's code, not torchrun's 1
     for attempt in (2, 3):  # after SIGTERM, and after SIGKILL
         assert re.search(rf"\[workerpool0-0 attempt {attempt}\] resuming from \S+checkpoint-\d+", log), log[-3000:]
     assert_same_run(preempted, uninterrupted)
-
-
-def test_a_user_error_fails_the_job_for_good_and_a_transient_exit_is_retried(make_fake_vertex, gcs_bucket,
-                                                                              trainer_image_python, tmp_path):
-    fake = make_fake_vertex(run_jobs=True)
-    script = tmp_path / "python"  # an "image" whose entry point exits with the code in $EXIT_WITH, once
-    script.write_text(f"#!/bin/sh\n[ -e {tmp_path}/ran ] && exit 0\ntouch {tmp_path}/ran\nexit $EXIT_WITH\n")
-    script.chmod(0o755)
-    fake.register_image("us-central1-docker.pkg.dev/p/r/exits:1", script)
-    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake.endpoint)
-    outcomes = {}
-    for code in (1, 134):
-        (tmp_path / "ran").unlink(missing_ok=True)
-        pool = {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
-                "container_spec": {"image_uri": "us-central1-docker.pkg.dev/p/r/exits:1",
-                                   "env": [{"name": "EXIT_WITH", "value": str(code)}]}}
-        job = vertex.submit_custom_job([pool], base_output_dir=f"gs://{gcs_bucket}/exits-{code}")
-        fake.wait(job.resource_name, timeout=60)
-        outcomes[code] = (job.state.name, job.error.message, fake.jobs[job.resource_name].log)
-    state, message, _ = outcomes[1]
-    assert state == "JOB_STATE_FAILED"
-    assert "The replica workerpool0-0 exited with a non-zero status of 1" in message
-    state, _, log = outcomes[134]
-    assert state == "JOB_STATE_SUCCEEDED" and "exited 134 (possibly transient): restarted in place" in log
 
 
 def test_a_job_short_of_gpu_quota_waits_queued_and_says_why(make_fake_vertex, gcs_bucket, capsys):

@@ -1,0 +1,72 @@
+"""A replica of a fake Vertex AI job: one local process group standing in for one container on its own VM.
+
+localcloud/rules.py decides when replicas start, stop and restart; this module only does it, the way a
+container runtime would: a replica's processes form one group (its own session), a stop is SIGTERM to the
+first process and SIGKILL to every process after the grace period, and each attempt writes its own log file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Replica:
+    name: str  # workerpool0-0, workerpool1-0, ...
+    kind: str  # "container_spec" or "python_package_spec"
+    command: list[str]
+    env: dict[str, str]
+    workdir: Path
+    attempt: int = 0
+    process: subprocess.Popen | None = None
+    preempted: str | None = None  # "spot" or "maintenance" while its VM is being taken away
+    finished: bool = False  # exited 0
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def primary(self) -> bool:
+        return self.name == "workerpool0-0"
+
+    def start(self) -> None:
+        self.attempt, self.preempted, self.finished = self.attempt + 1, None, False
+        (self.workdir / self.name).mkdir(parents=True, exist_ok=True)
+        self.logs.append(self.workdir / f"{self.name}.attempt-{self.attempt}.log")
+        with open(self.logs[-1], "w") as log:
+            self.process = subprocess.Popen(self.command, cwd=self.workdir / self.name, env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the replica (what tearing a container down does)."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.process.wait()
+
+    def log_text(self, attempt: int | None = None) -> str:
+        path = self.logs[(attempt or self.attempt) - 1] if self.logs else None
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+
+def stop_all(replicas: list[Replica], grace_s: float) -> None:
+    """Stop these containers together: SIGTERM to each first process, SIGKILL to all after `grace_s`."""
+    for replica in replicas:
+        if replica.running():
+            replica.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for replica in replicas:
+        if replica.process is not None:
+            try:
+                replica.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            replica.kill_all()
