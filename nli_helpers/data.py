@@ -81,6 +81,26 @@ class LoadReport:
 # -- normalising a table ---------------------------------------------------------------
 
 
+def _merge_schemas(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """A file mixing both schemas (premise/label on some rows, raw MultiNLI's sentence1/gold_label on others) is one
+    table: each row takes whichever of the two columns it has. A row with both, differing, is an error."""
+    for alias, name in COLUMN_ALIASES.items():
+        if alias not in df.columns or name not in df.columns:
+            continue
+        mine, theirs = df[name].map(_present), df[alias].map(_present)
+        clash = mine & theirs & (df[name].astype(str) != df[alias].astype(str))
+        if clash.any():
+            raise DataError(f"{source} has both {name!r} and {alias!r} on {_where(df, clash.idxmax())} with "
+                            f"different values; keep one schema (premise/hypothesis/label or "
+                            "sentence1/sentence2/gold_label) per row")
+        df = df.assign(**{name: df[name].where(mine, df[alias])}).drop(columns=alias)
+    return df
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and value != ""
+
+
 def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.DataFrame:
     """Rename columns to premise/hypothesis/label(/genre), map labels to ids, and drop what cannot train.
 
@@ -96,6 +116,7 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     or not valid Unicode.
     """
     seen = df.attrs.get("columns_seen") or [str(c) for c in df.columns]
+    df = _merge_schemas(df, source)
     df = df.rename(columns={k: v for k, v in COLUMN_ALIASES.items() if v not in df.columns})
     missing = [c for c in ("premise", "hypothesis", "label") if c not in df.columns]
     if missing:
@@ -282,11 +303,19 @@ def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: in
 
 
 def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
-    found: dict[str, Path] = {}
+    candidates: dict[str, list[Path]] = {}
     for file in sorted(path.iterdir()):
         stem = file.name.split(".")[0].removeprefix("multinli_1.0_")
         if stem in SPLIT_ALIASES and any(s in SUFFIXES for s in file.suffixes):
-            found.setdefault(SPLIT_ALIASES[stem], file)
+            candidates.setdefault(SPLIT_ALIASES[stem], []).append(file)
+    # One rule for an ambiguous directory: never pick silently (train.csv over train.jsonl, a backup over the
+    # real file, dev_matched over validation_matched); name them all and let the user say which.
+    ambiguous = {split: files for split, files in candidates.items() if len(files) > 1}
+    if ambiguous:
+        listed = "; ".join(f"{split}: {', '.join(f.name for f in files)}" for split, files in ambiguous.items())
+        raise DataError(f"directory {path} has several files for one split ({listed}); keep one file per split "
+                        "there (move the others out), or pass the file you mean with --data")
+    found = {split: files[0] for split, files in candidates.items()}
     if "train" not in found:
         raise DataError(f"directory {path} has no train.* file; expected train.jsonl (or .csv/.tsv/"
                         "/.parquet) and optionally validation_matched.* and validation_mismatched.*")

@@ -43,8 +43,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
         elif kind == ".csv":
             df = pd.read_csv(path, dtype=str, keep_default_na=False)
         elif kind in (".tsv", ".txt"):
-            # Raw MultiNLI .txt/.tsv files contain unbalanced quotes: read them literally.
-            df = pd.read_csv(path, sep="\t", quoting=3, dtype=str, keep_default_na=False)
+            quoting = csv.QUOTE_MINIMAL if standard_quoting(path) else csv.QUOTE_NONE
+            df = pd.read_csv(path, sep="\t", quoting=quoting, dtype=str, keep_default_na=False)
+            df.attrs["quoting"] = "standard CSV quoting" if quoting == csv.QUOTE_MINIMAL else "literal"
         elif kind == ".parquet":
             df = pd.read_parquet(path).reset_index(drop=True)  # a saved index would confuse row numbers
         else:
@@ -61,6 +62,24 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if len(df) == 0 and len(df.columns) == 0:
         raise DataError(f"data file {path} is empty (no rows); it needs premise, hypothesis and label columns")
     return df
+
+
+def standard_quoting(path: Path) -> bool:
+    """Does this TSV use standard CSV quoting (what pandas, Excel and Python's csv module write: a field with a tab,
+    a newline or a quote is wrapped in quotes, inner quotes doubled)? Raw MultiNLI/GLUE files do not: their quotes
+    are text, often unbalanced (`"Hello," he said.`), and must be read literally. The rule: a file with quotes whose
+    every quoted field parses strictly as standard quoting is read that way; anything else literally."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+        text = f.read()
+    if '"' not in text:
+        return False
+    try:
+        for _ in csv.reader(text.splitlines(keepends=True), delimiter="\t", strict=True):
+            pass
+    except csv.Error:
+        return False
+    return True
 
 
 def _read_json_records(path: Path) -> pd.DataFrame:

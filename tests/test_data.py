@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from nli_helpers.batching import LengthGroupedBatchSampler, padding_stats, tokenize_splits
-from nli_helpers.data import LABELS, DataError, load_nli_splits, split_by_premise
+from nli_helpers.data import LABELS, DataError, LoadReport, load_nli_splits, normalise_frame, split_by_premise
+from nli_helpers.tables import read_table
 
 ROWS = [
     {"premise": f"premise number {i // 3} about {'cats dogs birds'.split()[i % 3]}",
@@ -197,3 +198,48 @@ def test_replicas_share_the_single_process_batches():
     assert not set(np.concatenate(a)) & set(np.concatenate(b))
     # the global batch of 8, split: two ranks see exactly the examples of one process, step by step
     assert [sorted(x.tolist() + y.tolist()) for x, y in zip(a, b)] == [sorted(s.tolist()) for s in single]
+
+
+# -- ambiguous inputs: one rule each, never a silent choice ------------------------------------------------------
+def test_a_tsv_with_standard_csv_quoting_keeps_its_quotes_and_newlines_inside_a_field(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "pairs.tsv"
+    pd.DataFrame({"premise": ['A man said "hi", then left.', "plain"], "hypothesis": ["Line one\nline two", "text"],
+                  "label": ["entailment", "neutral"]}).to_csv(path, sep="\t", index=False)  # pandas' own quoting
+    df = read_table(path)
+    assert df.attrs["quoting"] == "standard CSV quoting"
+    assert df["premise"].tolist() == ['A man said "hi", then left.', "plain"]
+    assert df["hypothesis"].tolist() == ["Line one\nline two", "text"]
+
+
+def test_a_raw_multinli_tsv_with_unbalanced_quotes_is_read_literally(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text('sentence1\tsentence2\tgold_label\n"Hello," he said.\tHe spoke.\tentailment\n'
+                    'x "y\tz\tneutral\n')
+    df = read_table(path)
+    assert df.attrs["quoting"] == "literal" and df["sentence1"].tolist() == ['"Hello," he said.', 'x "y']
+
+
+@pytest.mark.parametrize("names", [("train.csv", "train.jsonl"), ("train.backup.jsonl", "train.jsonl"),
+                                   ("dev_matched.jsonl", "validation_matched.jsonl")])
+def test_a_directory_with_several_files_for_one_split_names_them_instead_of_picking_one(tmp_path, names):
+    row = '{"premise": "a b", "hypothesis": "b", "label": "entailment"}\n'
+    (tmp_path / "train.jsonl").write_text(row * 4)
+    for name in names:
+        (tmp_path / name).write_text("premise,hypothesis,label\na b,b,entailment\n" if name.endswith(".csv")
+                                     else row * 4)
+    with pytest.raises(DataError, match="several files for one split") as err:
+        load_nli_splits(str(tmp_path))
+    assert all(name in str(err.value) for name in names)
+
+
+def test_a_file_mixing_both_schemas_keeps_every_row_and_refuses_a_row_with_both_differing(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"premise": "a b", "hypothesis": "b", "label": "entailment"}\n'
+                    '{"sentence1": "c d", "sentence2": "d", "gold_label": "neutral"}\n')
+    df = normalise_frame(read_table(path), "mixed", LoadReport("mixed"))
+    assert df[["premise", "label"]].values.tolist() == [["a b", 0], ["c d", 1]]
+    path.write_text('{"premise": "a b", "sentence1": "other", "hypothesis": "b", "label": "entailment"}\n')
+    with pytest.raises(DataError, match="both 'premise' and 'sentence1' on line 1 with different values"):
+        normalise_frame(read_table(path), "mixed", LoadReport("mixed"))
