@@ -3,12 +3,14 @@
 A checkpoint is a directory `checkpoint-<step>` holding the model weights (`model.safetensors`),
 the training state (`training_state.pt`: optimizer, scheduler, grad scaler, every RNG state, the
 epoch and batch position, the history so far; tensors and plain values only, loaded with
-`torch.load(weights_only=True)`), and `manifest.json` listing the files and their sizes.
+`torch.load(weights_only=True)`), and `manifest.json` listing the files, their sizes and SHA-256.
 
 Only a checkpoint with a manifest counts. Locally the directory is written under a temporary name
-and renamed when complete; on `gs://` the files are uploaded first and the manifest last. So a
-job killed mid-write (SIGKILL, full disk, lost VM) leaves nothing that `latest_checkpoint` would
-pick up. The newest `keep` checkpoints are kept.
+and renamed when complete (a checkpoint of a step that exists already is swapped in: the old one is renamed
+aside first and still counts until the new one is in place); on `gs://` the files are uploaded first and the
+manifest last. So a job killed mid-write (SIGKILL, full disk, lost VM) leaves nothing that `latest_checkpoint`
+would pick up, and a checkpoint damaged afterwards (truncated, corrupt) is skipped with a warning for the newest
+intact one: the reason `--keep_checkpoints` keeps more than one. The newest `keep` checkpoints are kept.
 
 The loop's side: `save_training` gathers every rank's RNG and has rank 0 write (a failure there stops every
 rank); `resume_training` refuses a checkpoint that would train another run (changed settings, another number of
@@ -18,8 +20,11 @@ position.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -40,6 +45,8 @@ RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_ste
 # The loop's position, saved and restored as plain values (train.LoopState's fields).
 PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")
+REPLACED = ".replaced-"  # prefix of a checkpoint being swapped out for a new one of the same step
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(NLIError):
@@ -55,11 +62,17 @@ def _is_gcs(path: str) -> bool:
     return str(path).startswith("gs://")
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _write_files(directory: Path, model: torch.nn.Module, state: dict, step: int) -> None:
     save_model(model, str(directory / WEIGHTS))
     torch.save(state, directory / STATE)
     files = {name: (directory / name).stat().st_size for name in (WEIGHTS, STATE)}
-    (directory / MANIFEST).write_text(json.dumps({"step": step, "files": files}))
+    sha256 = {name: _sha256(directory / name) for name in (WEIGHTS, STATE)}  # from the page cache: ~1 GB/s
+    (directory / MANIFEST).write_text(json.dumps({"step": step, "files": files, "sha256": sha256}))
     for name in (WEIGHTS, STATE, MANIFEST):  # on disk before the rename makes it visible
         with open(directory / name, "rb") as f:
             os.fsync(f.fileno())
@@ -77,17 +90,38 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root_path))
         _write_files(tmp, model, state, step)
         final = root_path / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        if final.exists():  # swap, never delete first: until the new one is in place the old one counts
+            aside = root_path / f"{REPLACED}{name}"
+            _remove(aside)
+            os.replace(final, aside)
+            os.replace(tmp, final)
+            _remove(aside)
+        else:
+            os.replace(tmp, final)
+        _remove_leftovers(root_path)
     except (OSError, RuntimeError, SafetensorError) as e:  # a full disk surfaces as any of these
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint {name} to {root} ({getattr(e, 'strerror', None) or e}); the previous "
                               "checkpoint is kept. Free disk space or pass --checkpoint_dir elsewhere") from e
     for old in sorted(_local_checkpoints(root_path))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old[1], ignore_errors=True)
+        _remove(old[1])
     return str(final)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """What killed saves left: half-written temporary folders, and checkpoints renamed aside whose step has a
+    checkpoint again. (One run writes here at a time: the job dir's lock.)"""
+    for p in root.iterdir():
+        stale_aside = p.name.startswith(REPLACED) and (root / p.name.removeprefix(REPLACED)).is_dir()
+        if p.name.startswith(".tmp-checkpoint-") or stale_aside:
+            _remove(p)
+
+
+def _remove(directory: Path) -> None:
+    """Delete a checkpoint so that it stops counting first: the manifest, then the rest."""
+    (directory / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def staging_dir() -> str | None:
@@ -116,10 +150,35 @@ def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) ->
 
 
 def _local_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints: checkpoint-<step> with a manifest, or one renamed aside while a new checkpoint of its
+    step was swapped in (a kill between the two renames), where no checkpoint-<step> replaced it."""
     if not root.is_dir():
         return []
-    return [(int(m.group(1)), p) for p in root.iterdir()
-            if (m := NAME.match(p.name)) and (p / MANIFEST).is_file()]
+    found = {}
+    for p in sorted(root.iterdir(), key=lambda p: p.name.startswith(REPLACED)):  # the real name first
+        m = NAME.match(p.name.removeprefix(REPLACED))
+        if m and (p / MANIFEST).is_file():
+            found.setdefault(int(m.group(1)), p)
+    return list(found.items())
+
+
+def damage(directory: Path) -> str | None:
+    """Why a complete-looking local checkpoint cannot be trusted (a file missing, shorter or longer than the
+    manifest says, or with another SHA-256), or None when it is intact."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        files, sums = manifest["files"], manifest.get("sha256", {})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its {MANIFEST} is unreadable ({e})"
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size:,} bytes, the manifest says {size:,} (truncated?)"
+        if name in sums and _sha256(path) != sums[name]:
+            return f"{name} does not match its SHA-256 in the manifest (corrupt)"
+    return None
 
 
 def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
@@ -134,14 +193,19 @@ def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
 
 
 def latest_checkpoint(root: str) -> str | None:
-    """The newest complete checkpoint under `root`, or None."""
+    """The newest intact checkpoint under `root`, or None. A damaged one is skipped with a warning naming it."""
     if _is_gcs(root):
         from . import storage
 
         found = _gcs_checkpoints(root) if storage.exists(root) else []
-    else:
-        found = [(step, str(path)) for step, path in _local_checkpoints(Path(root))]
-    return max(found)[1] if found else None
+        return max(found)[1] if found else None  # uploads are checksummed by Cloud Storage itself
+    for _, path in sorted(_local_checkpoints(Path(root)), reverse=True):
+        problem = damage(path)
+        if problem is None:
+            return str(path)
+        log.warning("skipping damaged checkpoint %s: %s; trying the one before it", path, problem)
+        print(f"warning: skipping damaged checkpoint {path}: {problem}; trying the one before it", flush=True)
+    return None
 
 
 def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
@@ -161,6 +225,9 @@ def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
     try:
         load_model(model, str(directory / WEIGHTS))
         return torch.load(directory / STATE, map_location="cpu", weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, EOFError) as e:
+        raise CheckpointError(f"checkpoint {path} is damaged ({e}); delete it, and --resume auto takes the newest "
+                              "intact one") from e
     except (OSError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match this model") from e
 

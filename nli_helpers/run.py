@@ -12,14 +12,16 @@ else `$AIP_MODEL_DIR` on Vertex AI, else `runs/train-<time>`; it may be gs://.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
+import filelock
 from transformers import set_seed
 
 from . import storage
@@ -45,7 +47,21 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     quiet_library_bars()
     callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]  # TensorBoard; hypertune in a trial
     info = init_distributed()
-    verbose = verbose and info.is_main
+    root = checkpoint_root(cfg.checkpoint_dir, job_dir)
+    try:
+        with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
+            result = _train_and_save(cfg, job_dir, root, info, callbacks, verbose and info.is_main)
+    finally:
+        shutdown_distributed()
+    if verbose:
+        print(f"done in {result.metrics['train']['seconds']:.0f}s "
+              f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
+              f"{summary_line({k: v for k, v in result.metrics.items() if k.startswith('validation')})}")
+        print(f"saved to {job_dir}")
+    return result
+
+
+def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks, verbose: bool) -> TrainResult:
     device = device_for(info)
     precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
@@ -58,7 +74,6 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
         print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
         print(batch_line(cfg, info.world_size))
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
-    root = checkpoint_root(cfg.checkpoint_dir, job_dir)
     resume = cfg.resume
     if resume is None and os.environ.get("AIP_CHECKPOINT_DIR"):
         # Vertex AI runs a restarted replica with the same command: it must continue, not start over.
@@ -70,17 +85,9 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
         resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
     if verbose and resume:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
-    try:
-        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
-                       checkpoint_root=root, resume_from=resume_from)
-        on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
-    finally:
-        shutdown_distributed()
-    if verbose:
-        print(f"done in {result.metrics['train']['seconds']:.0f}s "
-              f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
-              f"{summary_line({k: v for k, v in result.metrics.items() if k.startswith('validation')})}")
-        print(f"saved to {job_dir}")
+    result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
+                   checkpoint_root=root, resume_from=resume_from)
+    on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
     return result
 
 
@@ -105,18 +112,61 @@ def check_job_dir(job_dir: str) -> None:
 
 
 def save_run(result: TrainResult, job_dir: str) -> str:
-    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json last (in a
-    second step, so that on gs:// too it is the last object to appear)."""
-    with storage.staged_output(job_dir) as local:
-        (local / "metrics.json").unlink(missing_ok=True)
-        result.model.save_pretrained(local, safe_serialization=True)
-        result.tokenizer.save_pretrained(local)
-        (local / "train_config.json").write_text(result.config.to_json() + "\n")
-        with open(local / "history.jsonl", "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in result.history)
-    with storage.staged_output(job_dir) as local:
-        tmp = local / "metrics.json.tmp"
-        tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
-        os.replace(tmp, local / "metrics.json")
+    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json last, which marks
+    a finished run. A rerun into a finished job dir never leaves the old metrics.json beside new weights: the new
+    files are written aside first (a full disk then leaves the earlier finished run whole), the old metrics.json is
+    removed, the new files moved in, and the new metrics.json written last. On gs:// the old metrics.json goes
+    before the first upload, so an interrupted upload leaves an unfinished run, not a mixed one."""
+    if storage.is_gcs_uri(job_dir):
+        storage.delete(f"{job_dir.rstrip('/')}/metrics.json")
+        with storage.staged_output(job_dir) as local:
+            _write_run_files(result, local)
+        with storage.staged_output(job_dir) as local:
+            _write_metrics(result, local)
+    else:
+        target = Path(job_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".tmp-run-", dir=target) as tmp:
+            _write_run_files(result, Path(tmp))
+            (target / "metrics.json").unlink(missing_ok=True)
+            for file in Path(tmp).iterdir():
+                os.replace(file, target / file.name)
+        _write_metrics(result, target)
     result.output_dir = job_dir
     return job_dir
+
+
+def _write_run_files(result: TrainResult, folder: Path) -> None:
+    result.model.save_pretrained(folder, safe_serialization=True)
+    result.tokenizer.save_pretrained(folder)
+    (folder / "train_config.json").write_text(result.config.to_json() + "\n")
+    with open(folder / "history.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in result.history)
+
+
+def _write_metrics(result: TrainResult, folder: Path) -> None:
+    tmp = folder / "metrics.json.tmp"
+    tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
+    os.replace(tmp, folder / "metrics.json")
+
+
+@contextlib.contextmanager
+def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
+    """One live run per local job dir and checkpoint dir: a second run into them would replace and prune the
+    first's checkpoints. The lock is an OS file lock (filelock), so it goes with the process that held it."""
+    folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root)) if not storage.is_gcs_uri(d)]
+    locks = []
+    try:
+        for folder in folders:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(Path(folder) / ".nli-run.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); wait for it to "
+                               "finish, or pass another --job-dir / --checkpoint_dir") from None
+            locks.append(lock)
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
