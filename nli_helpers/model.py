@@ -118,6 +118,22 @@ def _check_source(name: str) -> None:
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ModelError(f"model directory {name} has no tokenizer files (tokenizer.json, vocab.txt, ...); "
                          "save them beside the model with tokenizer.save_pretrained(dir)")
+    index = path / "model.safetensors.index.json"
+    if index.is_file() and not (path / "model.safetensors").is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(f"{index} is not a safetensors index ({e}); save the model again") from e
+        _safetensors_only(name, sorted(shards), "its model.safetensors.index.json maps weights to")
+
+
+def _safetensors_only(name: str, files: list[str], where: str) -> None:
+    """The rule checked on what will actually be loaded: every weight file a safetensors file in the folder."""
+    bad = [f for f in files if not str(f).endswith(".safetensors") or "/" in str(f) or str(f).startswith(".")]
+    if bad:
+        raise ModelError(f"model {name}: {where} {', '.join(map(str, bad))}, not safetensors files in the model "
+                         "folder; pickle weights can run code when loaded, so this project never loads them. Save "
+                         "the model with model.save_pretrained(dir) (safetensors by default)")
 
 
 def _check_label_map(config, name: str) -> None:
@@ -148,6 +164,9 @@ def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
                          f"reachable on the Hugging Face hub ({e.__class__.__name__}). Check the name, "
                          "or use an offline model: --model_name minilm-l6 or tiny-random") from e
     _check_label_map(config, name)
+    named = getattr(config, "transformers_weights", None)  # transformers loads this file instead, even a .bin
+    if named and not str(named).endswith((".safetensors", ".safetensors.index.json")):
+        _safetensors_only(name, [named], "its config.json names the weight file")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = _load_classifier(path, num_labels)

@@ -50,3 +50,35 @@ def test_predict_returns_labels_with_probabilities(tiny_model_dir):
     assert sum(out[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
     assert predict([], model=model, tokenizer=tok) == []
     assert torch.is_grad_enabled()
+
+
+# -- safetensors only, checked on what would actually be loaded ------------------------------------------------
+@pytest.mark.parametrize("trick", ["index-maps-to-bin", "config-names-a-bin"])
+def test_pickle_weights_named_by_an_index_or_the_config_are_refused_before_any_load(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch, trick):
+    import json
+    import shutil
+
+    import torch
+
+    from nli_helpers.model import ModelError, load_model_and_tokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    torch.save({}, folder / "pytorch_model.bin")
+    if trick == "index-maps-to-bin":
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {"classifier.weight": "pytorch_model.bin"}}))
+        expected = "its model.safetensors.index.json maps weights to pytorch_model.bin"
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "transformers_weights": "pytorch_model.bin"}))
+        expected = "its config.json names the weight file pytorch_model.bin"
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("torch.load was reached")
+
+    monkeypatch.setattr(torch, "load", no_pickle)
+    with pytest.raises(ModelError, match=expected):
+        load_model_and_tokenizer(str(folder))
