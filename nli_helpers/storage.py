@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import TypeVar
 
 import google_crc32c
+import requests
 from google.api_core import exceptions as api_exceptions
 from google.auth.credentials import AnonymousCredentials
-from google.auth.exceptions import DefaultCredentialsError, RefreshError
+from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption
+from google.cloud.storage.retry import DEFAULT_RETRY
 from tqdm.auto import tqdm
 
 from nli_helpers.config import NLIError
@@ -47,6 +49,10 @@ WRITE_ROLE = "roles/storage.objectUser"  # create, read, list, delete; no ACL or
 # A progress bar for a handful of files is noise in a notebook.
 PROGRESS_MIN_FILES = 4
 _CHUNK_BYTES = 1 << 20
+# Transient errors are retried with the library's backoff, but for 30 s, not its 120: an unreachable endpoint or a
+# vanished emulator becomes one StorageError within about half a minute instead of minutes of silence.
+RETRY_S = 30.0
+RETRY = DEFAULT_RETRY.with_timeout(RETRY_S)
 CREDENTIALS_HELP = (
     "no Google Cloud credentials found: run `gcloud auth application-default login` (on a Workbench "
     "notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS to a "
@@ -108,12 +114,12 @@ def exists(uri: str) -> bool:
     bucket = get_client().bucket(bucket_name)
     with _storage_errors(bucket_name, READ_ROLE):
         if not blob_path:
-            return bucket.exists()
-        if not blob_path.endswith("/") and bucket.blob(blob_path).exists():
+            return bucket.exists(retry=RETRY)
+        if not blob_path.endswith("/") and bucket.blob(blob_path).exists(retry=RETRY):
             return True
         try:
             # Lazy paging: stops at the first real object; "dir/" console placeholders hold nothing.
-            return any(not b.name.endswith("/") for b in bucket.list_blobs(prefix=_dir_prefix(blob_path)))
+            return any(not b.name.endswith("/") for b in bucket.list_blobs(prefix=_dir_prefix(blob_path), retry=RETRY))
         except api_exceptions.NotFound:  # the bucket itself is missing
             return False
 
@@ -130,7 +136,7 @@ def delete(uri: str) -> int:
     with _storage_errors(bucket_name, WRITE_ROLE):
         blobs = _list_blobs(bucket_name, blob_path)
         for blob in blobs:
-            blob.delete()
+            blob.delete(retry=RETRY)
     return len(blobs)
 
 
@@ -164,7 +170,7 @@ def upload(local_path: str | os.PathLike[str], uri: str) -> list[str]:
     with _storage_errors(bucket_name, WRITE_ROLE):
         for file, name in _progress(pairs, f"upload to gs://{bucket_name}"):
             blob = bucket.blob(name)
-            blob.upload_from_filename(str(file))
+            blob.upload_from_filename(str(file), retry=RETRY)
             verify_upload(file, blob)
             uris.append(f"{GCS_SCHEME}{bucket_name}/{name}")
     return uris
@@ -229,7 +235,7 @@ def crc32c_of_file(path: str | os.PathLike[str]) -> str:
 def verify_upload(local_file: str | os.PathLike[str], blob: storage.Blob) -> None:
     """Raise StorageError unless the object's server-side CRC32C matches the local file's."""
     if blob.crc32c is None:  # the upload response carries it; reload only if it did not
-        blob.reload()
+        blob.reload(retry=RETRY)
     local = crc32c_of_file(local_file)
     if blob.crc32c != local:
         raise StorageError(f"upload of {local_file} to gs://{blob.bucket.name}/{blob.name} is corrupt: "
@@ -264,7 +270,7 @@ def _download_blob_atomically(blob: storage.Blob, dest: Path) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as f:
-            blob.download_to_file(f)  # also checks the bytes against the object's hash
+            blob.download_to_file(f, retry=RETRY)  # also checks the bytes against the object's hash
         os.replace(tmp_name, dest)
     except api_exceptions.NotFound as err:
         raise StorageError(f"gs://{blob.bucket.name}/{blob.name} disappeared while downloading") from err
@@ -279,7 +285,7 @@ def _download_blob_atomically(blob: storage.Blob, dest: Path) -> None:
 def _list_blobs(bucket_name: str, blob_path: str) -> list[storage.Blob]:
     """The object `blob_path` (if any) and the objects under `blob_path/`, sorted by name."""
     with _storage_errors(bucket_name, READ_ROLE):
-        found = get_client().list_blobs(bucket_name, prefix=blob_path)
+        found = get_client().list_blobs(bucket_name, prefix=blob_path, retry=RETRY)
         # A bare prefix would also match `runs-old/` for `runs`; keep only the name and its children.
         # Names ending in "/" are folder placeholders made by the console: no content.
         blobs = [b for b in found if _is_at_or_under(b.name, blob_path) and not b.name.endswith("/")]
@@ -335,3 +341,9 @@ def _storage_errors(bucket_name: str, role: str) -> Iterator[None]:
             f"service account) {role} on the bucket ({err.message})") from err
     except (RefreshError, DefaultCredentialsError) as err:
         raise StorageError(f"{CREDENTIALS_HELP} ({err})") from err
+    except (api_exceptions.RetryError, requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+            TransportError) as err:
+        endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
+        raise StorageError(f"cannot reach Cloud Storage at {endpoint} for gs://{bucket_name} (retried "
+                           f"{RETRY_S:.0f} s: {type(err).__name__}); check the network, or STORAGE_EMULATOR_HOST "
+                           "if you use the local emulator") from err

@@ -341,3 +341,24 @@ def test_staged_output_uploads_on_success_only_and_cleans_up(gcs_bucket, tmp_pat
     with storage.staged_output(tmp_path / "local" / "run") as here:  # a local target is written in place
         (here / "a.txt").write_text("a")
     assert (tmp_path / "local" / "run" / "a.txt").read_text() == "a"
+
+
+def test_an_unreachable_endpoint_is_one_clear_error_within_the_retry_budget(monkeypatch):
+    import socket
+    import time
+
+    from nli_helpers import storage
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(storage, "RETRY", storage.DEFAULT_RETRY.with_timeout(2.0))  # the 30 s budget, shortened
+    storage.get_client.cache_clear()
+    start = time.monotonic()
+    try:
+        with pytest.raises(storage.StorageError, match=f"cannot reach Cloud Storage at http://127.0.0.1:{port}"):
+            storage.list_uris("gs://some-bucket/runs/")
+    finally:
+        storage.get_client.cache_clear()
+    assert time.monotonic() - start < 15
