@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from nli_helpers.callbacks import TrainCallback
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.hardware import resolve_precision
 from nli_helpers.model import predict
@@ -108,3 +109,49 @@ def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
     assert rec.evals == [(8, ["validation_matched", "validation_mismatched"]),
                          (16, ["validation_matched", "validation_mismatched"])]
     assert rec.final is result.metrics
+
+
+class StepMinutes(TrainCallback):
+    """A clock on which each optimizer step takes a minute (on_log sees every step at log_every=1)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def on_log(self, rows):
+        self.now += 60.0 * len(rows)
+
+
+def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_path, tiny_model_dir):
+    from transformers import set_seed
+
+    from nli_helpers.batching import tokenize_splits
+    from nli_helpers.checkpoint import latest_checkpoint
+    from nli_helpers.data import load_nli_splits
+    from nli_helpers.model import load_model_and_tokenizer
+    from nli_helpers.train import train
+
+    def run(name, clock=None, resume_from=None, **overrides):
+        cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=2, batch_size=8,
+                          max_train_samples=64, max_eval_samples=32, log_every=1, keep_checkpoints=10,
+                          precision="fp32", progress=False, **overrides)
+        splits = load_nli_splits("sample", seed=cfg.seed, max_train_samples=64, max_eval_samples=32)
+        set_seed(cfg.seed)
+        model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+        extra = {"clock": clock, "callbacks": [clock]} if clock else {}
+        result = train(cfg, model, tokenizer, tokenize_splits(splits, tokenizer, cfg.max_length),
+                       checkpoint_root=str(tmp_path / name), resume_from=resume_from, **extra)
+        return [(row["step"], row["loss"]) for row in result.history], result.metrics
+
+    timed, timed_metrics = run("timed", clock=StepMinutes(), checkpoint_every_minutes=2.5)
+    steps = sorted(int(p.name.rsplit("-", 1)[1]) for p in (tmp_path / "timed").glob("checkpoint-*"))
+    # 8 steps an epoch: 2.5 minutes pass at the third step after each checkpoint, the epoch end's too.
+    assert steps == [3, 6, 8, 11, 14]
+    plain, _ = run("plain")
+    assert timed == plain  # the same losses at every step: checkpoints only read the run
+    assert latest_checkpoint(str(tmp_path / "plain")).endswith("checkpoint-00000008")  # the epoch end only
+    resumed, resumed_metrics = run("resumed", resume_from=str(tmp_path / "timed" / "checkpoint-00000011"))
+    assert resumed == timed  # resumed mid-epoch from a time-triggered checkpoint: exactly the same run
+    assert resumed_metrics["validation_matched"] == timed_metrics["validation_matched"]
