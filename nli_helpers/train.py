@@ -158,7 +158,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                     path = checkpoint_now()
                     raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved to {path}"
                                     f"{stop.since()}. Rerun with --resume auto to continue")
-                if due:
+                # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
+                if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
                     minutes = timer.minutes()
                     if checkpoint_now():
                         log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
