@@ -113,6 +113,10 @@ class TrainConfig:
     log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
     checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at each epoch end only)")
+    checkpoint_every_minutes: float | None = _f(
+        None, "also checkpoint once this many minutes have passed since the last checkpoint: a VM "
+        "lost without a last checkpoint costs at most that much training (0 or unset: off; a Spot "
+        "job submitted through nli_helpers.vertex gets a default unless you set it)")
     keep_checkpoints: int = _f(2, "keep the newest N complete checkpoints (0: do not checkpoint)")
     checkpoint_dir: str | None = _f(None, "where checkpoints go, local or gs://; default "
                                     "$AIP_CHECKPOINT_DIR when set, else <job_dir>/checkpoints")
@@ -169,6 +173,11 @@ class TrainConfig:
                      "keep_checkpoints"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        minutes = self.checkpoint_every_minutes
+        if minutes is not None and not (isinstance(minutes, (int, float)) and math.isfinite(minutes)
+                                        and minutes >= 0):
+            problems.append(f"checkpoint_every_minutes={minutes} must be a finite number of "
+                            "minutes >= 0 (0: off; try 10)")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -91,13 +91,19 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank when `flag` is True on any rank (one small CPU all-reduce; no GPU sync)."""
+def agree_after_step(stop: bool, main_says: bool, info: DistInfo) -> tuple[bool, bool]:
+    """(`stop` on any rank, `main_says` on rank 0), the same on every rank: one small CPU
+    all-reduce, no GPU sync.
+
+    A SIGTERM may reach one rank first. A decision a clock takes (a time-based checkpoint) is
+    rank 0's alone: each rank's clock would cross the line at its own step, and all must act at
+    the same one.
+    """
     if not info.enabled:
-        return flag
-    votes = torch.tensor([int(flag)], dtype=torch.int32)
+        return stop, main_says
+    votes = torch.tensor([int(stop), int(main_says and info.is_main)], dtype=torch.int32)
     dist.all_reduce(votes, op=dist.ReduceOp.SUM, group=_control_group)
-    return bool(votes.item())
+    return bool(votes[0]), bool(votes[1])
 
 
 def broadcast_from_main(obj, info: DistInfo):

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -31,7 +31,7 @@ from .batching import LengthGroupedBatchSampler
 from .callbacks import TrainCallback
 from .checkpoint import resume_training, save_training
 from .config import NLIError, TrainConfig, batch_split
-from .distributed import SINGLE_PROCESS, DistInfo, all_gather_objects, all_reduce_sum, any_rank, device_for
+from .distributed import SINGLE_PROCESS, DistInfo, agree_after_step, all_gather_objects, all_reduce_sum, device_for
 from .hardware import autocast, resolve_precision
 from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters
@@ -78,9 +78,11 @@ class LoopState:
 
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
           info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
-          checkpoint_root: str | None = None, resume_from: str | None = None) -> TrainResult:
+          checkpoint_root: str | None = None, resume_from: str | None = None,
+          clock: Callable[[], float] = time.monotonic) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split; checkpoints go under
-    `checkpoint_root` (each epoch end, every `cfg.checkpoint_every` steps, and on SIGTERM); `resume_from`
+    `checkpoint_root` (each epoch end, every `cfg.checkpoint_every` steps, on SIGTERM, and once
+    `cfg.checkpoint_every_minutes` have passed on `clock` since the last one); `resume_from`
     continues a checkpoint exactly."""
     device = device or device_for(info)
     precision = resolve_precision(cfg.precision, device)
@@ -100,6 +102,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg, info, device,
                                             precision))
     log = TrainLog(cfg, info, total_steps, state, callbacks)
+    timer = CheckpointTimer(cfg.checkpoint_every_minutes, clock)
     if resume_from:
         log.message(f"resumed from {resume_from} at step {state.step}")
 
@@ -112,6 +115,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     def checkpoint_now() -> str | None:
         if not checkpoint_root or cfg.keep_checkpoints < 1:
             return None
+        timer.restart()
         log.flush(state, len(loader))  # the history is complete, and a non-finite loss stops us before we save
         return save_training(checkpoint_root, cfg.keep_checkpoints, state.step, model, optimizer, scheduler, scaler,
                              asdict(state), cfg, info, device, precision)
@@ -146,12 +150,22 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                     evaluate_now()
                 if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not last:
                     checkpoint_now()
-                if not last and any_rank(stop.requested, info):  # every rank stops at the same step
+                if last:
+                    break
+                # One collective: every rank stops at the same step, and checkpoints when
+                # rank 0's clock says so (each rank's own clock would say so at another step).
+                stopping, due = agree_after_step(stop.requested, timer.due(), info)
+                if stopping:
                     path = checkpoint_now()
                     raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved to {path}"
                                     f"{stop.since()}. Rerun with --resume auto to continue")
-                if last:
-                    break
+                # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
+                if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
+                    minutes = timer.minutes()
+                    if checkpoint_now():
+                        log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
+                                    f"the last (--checkpoint_every_minutes "
+                                    f"{cfg.checkpoint_every_minutes:g})")
             state.epoch, state.batches_done = state.epoch + 1, 0
             if state.step < total_steps or not state.eval_history or state.eval_history[-1]["step"] != state.step:
                 evaluate_now()
@@ -323,6 +337,25 @@ def progress_line(rows: list[dict], total_steps: int) -> str:
     last = rows[-1]
     return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {np.mean([r['loss'] for r in rows]):.4f} "
             f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s {last.get('tokens_per_s', 0):.0f} tokens/s")
+
+
+# -- a checkpoint every N minutes: all that a VM lost without a last checkpoint costs ------------
+class CheckpointTimer:
+    """Says when `minutes` (None or 0: never) have passed on `clock` since the start or the last
+    checkpoint."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = (minutes or 0) * 60, clock
+        self.restart()
+
+    def restart(self) -> None:
+        self.since = self.clock()
+
+    def minutes(self) -> float:
+        return (self.clock() - self.since) / 60
+
+    def due(self) -> bool:
+        return self.seconds > 0 and self.clock() - self.since >= self.seconds
 
 
 # -- SIGTERM: finish the step, checkpoint, exit with a code Vertex retries ----------------------------------------

@@ -170,9 +170,12 @@ def submit_tuning_job(job, *, service_account: str | None = None, tensorboard: s
     (`job.to_dict()`), is created through the public GAPIC client (`vertex.create_hyperparameter_tuning_job`).
     `tensorboard`: see `vertex.check_vertex_tensorboard`. `timeout_s`, `spot` and `restart_job_on_worker_restart`
     apply to each trial; the last defaults to on for trials of several training replicas, as for custom jobs.
+    With `spot` each trial also checkpoints every few minutes, as in `vertex.submit_custom_job`.
     """
     body = job.to_dict()
     spec = body["trialJobSpec"]
+    if spot:  # each trial checkpoints every few minutes too, as a Spot custom job does
+        spec["workerPoolSpecs"] = vertex.spot_worker_pools(spec["workerPoolSpecs"])
     if restart_job_on_worker_restart is None:
         restart_job_on_worker_restart = sum(int(p.get("replicaCount", 0)) for p in spec["workerPoolSpecs"][:2]) > 1
     if tensorboard:

@@ -23,6 +23,10 @@ def test_every_field_has_help_text():
     ({"batch_size": 30, "grad_accum_steps": 4}, "must be divisible by grad_accum_steps=4"),
     ({"warmup_ratio": 1.0}, "warmup_ratio=1.0 must be in [0, 1)"),
     ({"max_train_samples": 0}, "max_train_samples=0 must be a positive integer"),
+    ({"checkpoint_every_minutes": float("nan")}, "checkpoint_every_minutes=nan must be a finite"),
+    ({"checkpoint_every_minutes": float("inf")}, "checkpoint_every_minutes=inf must be a finite"),
+    ({"checkpoint_every_minutes": -1}, "checkpoint_every_minutes=-1 must be a finite number of "
+                                       "minutes >= 0 (0: off; try 10)"),
 ])
 def test_invalid_values_raise_one_clear_error(bad, fragment):
     with pytest.raises(ConfigError) as err:
@@ -68,6 +72,15 @@ def test_nothing_chooses_the_expensive_recipe_for_you(capsys):
 def test_unknown_field_is_named():
     with pytest.raises(ConfigError, match="unknown TrainConfig field.*learnin_rate"):
         make_config("smoke", learnin_rate=1)
+
+
+def test_a_checkpoint_budget_is_optional_and_travels_as_a_flag():
+    assert TrainConfig().checkpoint_every_minutes is None  # unset: off; a Spot job may choose one
+    assert TrainConfig(checkpoint_every_minutes=0).checkpoint_every_minutes == 0
+    assert not [a for a in make_config("full").to_cli_args() if "checkpoint_every_minutes" in a]
+    cfg = make_config("full", checkpoint_every_minutes=2.5)
+    assert "--checkpoint_every_minutes=2.5" in cfg.to_cli_args()
+    assert config_from_args(["--checkpoint-every-minutes", "2.5"]).checkpoint_every_minutes == 2.5
 
 
 def test_cli_args_round_trip_through_the_parser():

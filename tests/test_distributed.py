@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -73,10 +74,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_args(job_dir, batch_size, model_dir):
+def train_args(job_dir, batch_size, model_dir, *extra):
     return ["--profile", "smoke", "--data", "sample", "--model-name", model_dir, "--epochs", "2",
             "--batch_size", str(batch_size), "--max_train_samples", "96", "--log_every", "1",
-            "--precision", "fp32", "--no-progress", "--job-dir", str(job_dir)]
+            "--precision", "fp32", "--no-progress", "--job-dir", str(job_dir), *extra]
 
 
 def read_run(job_dir):
@@ -89,9 +90,12 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
     one = subprocess.run([sys.executable, "-m", "nli_helpers.task", *train_args(tmp_path / "one", 8, tiny_model_dir)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert one.returncode == 0, one.stderr
+    # The same global batch; and a time budget for checkpoints (6 ms: after about every step), which
+    # rank 0's clock decides for both ranks: a rank that disagreed would hang in the checkpoint.
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           f"--master-port={free_port()}", "--module", "nli_helpers.task",
-                          *train_args(tmp_path / "two", 8, tiny_model_dir)],  # the same global batch
+                          *train_args(tmp_path / "two", 8, tiny_model_dir,
+                                      "--checkpoint_every_minutes=0.0001")],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     (h1, m1), (h2, m2) = read_run(tmp_path / "one"), read_run(tmp_path / "two")
@@ -102,4 +106,9 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
         assert m2[split]["confusion_matrix"] == m1[split]["confusion_matrix"]
         assert m2[split]["accuracy"] == m1[split]["accuracy"]
     assert m2["train"]["processes"] == 2
+    timed = re.findall(r"checkpoint at step (\d+): .* \(--checkpoint_every_minutes 0.0001\)",
+                       two.stdout)
+    assert timed and all(int(step) % 12 for step in timed)  # logged by rank 0, between epoch ends
+    kept = sorted((tmp_path / "two" / "checkpoints").glob("checkpoint-*"))
+    assert [p.name for p in kept] == [f"checkpoint-{int(step):08d}" for step in timed[-2:]]
     assert two.stdout.count("eval step") == len(m2["eval_history"])  # one line per evaluation: only rank 0 logs

@@ -1,12 +1,14 @@
 """The loop on the bundled sample: loss falls, the export reloads, predictions survive the round trip."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from nli_helpers.callbacks import TrainCallback
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.hardware import resolve_precision
 from nli_helpers.model import predict
@@ -108,3 +110,55 @@ def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
     assert rec.evals == [(8, ["validation_matched", "validation_mismatched"]),
                          (16, ["validation_matched", "validation_mismatched"])]
     assert rec.final is result.metrics
+
+
+class StepMinutes(TrainCallback):
+    """A clock on which each optimizer step takes a minute (at log_every=1, on_log sees each)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def on_log(self, rows):
+        self.now += 60.0 * len(rows)
+
+
+def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_path, tiny_model_dir,
+                                                                         capsys):
+    from transformers import set_seed
+
+    from nli_helpers.batching import tokenize_splits
+    from nli_helpers.checkpoint import latest_checkpoint
+    from nli_helpers.data import load_nli_splits
+    from nli_helpers.model import load_model_and_tokenizer
+    from nli_helpers.train import train
+
+    def run(name, clock=None, resume_from=None, **overrides):
+        cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=2, batch_size=8,
+                          max_train_samples=64, max_eval_samples=32, log_every=1,
+                          keep_checkpoints=10, precision="fp32", progress=False, **overrides)
+        splits = load_nli_splits("sample", seed=cfg.seed, max_train_samples=64, max_eval_samples=32)
+        set_seed(cfg.seed)
+        model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+        extra = {"clock": clock, "callbacks": [clock]} if clock else {}
+        result = train(cfg, model, tokenizer, tokenize_splits(splits, tokenizer, cfg.max_length),
+                       checkpoint_root=str(tmp_path / name), resume_from=resume_from, **extra)
+        return [(row["step"], row["loss"]) for row in result.history], result.metrics
+
+    timed, timed_metrics = run("timed", clock=StepMinutes(), checkpoint_every_minutes=2)
+    # 8 steps an epoch, 16 in all: 2 minutes pass every second step after a checkpoint; at step 8
+    # the epoch-end checkpoint (after the evaluation) stands in for the time-based one.
+    logged = re.findall(r"checkpoint at step (\d+): 2.0 min since", capsys.readouterr().out)
+    assert [int(step) for step in logged] == [2, 4, 6, 10, 12, 14]
+    on_disk = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "timed").glob("checkpoint-*"))
+    assert on_disk == [2, 4, 6, 8, 10, 12, 14]
+    plain, _ = run("plain")
+    assert timed == plain  # the same losses at every step: checkpoints only read the run
+    assert latest_checkpoint(str(tmp_path / "plain")).endswith("-00000008")  # the epoch end only
+    # Resumed mid-epoch from a time-triggered checkpoint: exactly the same run.
+    six = str(tmp_path / "timed" / "checkpoint-00000006")
+    resumed, resumed_metrics = run("resumed", resume_from=six)
+    assert resumed == timed
+    assert resumed_metrics["validation_matched"] == timed_metrics["validation_matched"]

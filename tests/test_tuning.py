@@ -124,7 +124,9 @@ def test_tuning_job_request_body(fake_vertex, gcs_bucket):
     (pool,) = spec["workerPoolSpecs"]
     args = pool["containerSpec"]["args"]
     assert pool["containerSpec"]["imageUri"] == IMAGE and "--model_name=tiny-random" in args
-    assert args[-1] == "--hypertune_metric=validation_matched_accuracy"
+    assert "--hypertune_metric=validation_matched_accuracy" in args
+    # A Spot trial checkpoints every few minutes too.
+    assert args[-1] == f"--checkpoint_every_minutes={vertex.SPOT_CHECKPOINT_EVERY_MINUTES}"
     assert not [a for a in args if a.startswith(("--learning_rate", "--weight_decay", "--warmup_ratio", "--batch_size"))]
     assert not fake_vertex.unknown_requests
 

@@ -311,11 +311,17 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
     assert spec["scheduling"] == {"restartJobOnWorkerRestart": True, "strategy": Scheduling.Strategy.SPOT.value,
                                   "timeout": "3600s"}
     assert [p["replicaCount"] for p in spec["workerPoolSpecs"]] == ["1", "1"]  # int64 travels as a string
+    # On Spot VMs the trainer also checkpoints every few minutes: its config set no budget.
+    budget = f"--checkpoint_every_minutes={vertex.SPOT_CHECKPOINT_EVERY_MINUTES}"
     for pool in spec["workerPoolSpecs"]:
         assert pool["machineSpec"] == {"machineType": "n1-standard-8",
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_T4.value, "acceleratorCount": 2}
         assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package_uri],
-                                             "pythonModule": "nli_helpers.launch", "args": ["--", *vertex.job_args(cfg)]}
+                                             "pythonModule": "nli_helpers.launch",
+                                             "args": ["--", *vertex.job_args(cfg), budget]}
+    trainer = config_from_args(spec["workerPoolSpecs"][0]["pythonPackageSpec"]["args"][1:])
+    assert trainer.checkpoint_every_minutes == vertex.SPOT_CHECKPOINT_EVERY_MINUTES
+    assert pools[0]["python_package_spec"]["args"] == ["--", *vertex.job_args(cfg)]  # the caller's
     assert "--max_train_samples=64" in vertex.job_args(cfg) and "--model_name=tiny-random" in vertex.job_args(cfg)
     assert not fake_vertex.unknown_requests
 
@@ -327,6 +333,23 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
     assert url.endswith(f"?project={PROJECT}")
 
 
+def test_spot_pools_keep_a_budget_the_config_chose_and_leave_reducers_alone():
+    machine = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=2)
+    for chosen in (0, 30):  # 0 is a choice too: no time-based checkpoints
+        cfg = make_config("full", checkpoint_every_minutes=chosen)
+        pools = vertex.container_worker_pools(cfg, machine, "gcr.io/p/trainer:1",
+                                              reduction_server=vertex.ReductionServer(1))
+        assert vertex.spot_worker_pools(pools) == pools
+    cfg = make_config("full")
+    pools = vertex.container_worker_pools(cfg, machine, "gcr.io/p/trainer:1",
+                                          reduction_server=vertex.ReductionServer(1))
+    spot = vertex.spot_worker_pools(pools)
+    for pool in spot[:2]:  # the chief and the worker run the launcher: `-- ARGS`
+        assert config_from_args(pool["container_spec"]["args"][1:]).checkpoint_every_minutes == \
+            vertex.SPOT_CHECKPOINT_EVERY_MINUTES
+    assert spot[2] == pools[2] and "args" not in spot[2]["container_spec"]  # Google's reducer image
+
+
 def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
     cfg = make_config("full", epochs=2)
@@ -336,6 +359,7 @@ def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
     (pool,) = body["jobSpec"]["workerPoolSpecs"]
     assert pool == {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
                     "containerSpec": {"imageUri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}}
+    assert not [a for a in pool["containerSpec"]["args"] if "every_minutes" in a]  # not Spot
     assert "scheduling" not in body["jobSpec"] and "serviceAccount" not in body["jobSpec"]
     assert body["displayName"].startswith("nli-")
 

@@ -68,6 +68,7 @@ from .pools import (
     LAUNCH_MODULE,
     REDUCTION_SERVER_IMAGE,
     REDUCTION_SERVER_MACHINE_TYPE,
+    SPOT_CHECKPOINT_EVERY_MINUTES,
     TASK_MODULE,
     Machine,
     ReductionServer,
@@ -76,6 +77,7 @@ from .pools import (
     job_config,
     pools_table,
     python_package_worker_pools,
+    spot_worker_pools,
     training_replicas,
 )
 from .preflight import Check, bucket_location_check, preflight
@@ -89,6 +91,7 @@ __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build
            "package_torch_requirement", "pools_table", "prebuilt_image", "prebuilt_image_problem",
            "prebuilt_image_uri", "prebuilt_images_table", "PREBUILT_PYTORCH_IMAGES", "PrebuiltImage", "preflight",
            "PreflightError", "python_package_worker_pools", "queued_help", "REDUCTION_SERVER_IMAGE",
-           "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer", "stage_package", "submit_custom_job",
-           "TASK_MODULE", "TORCH_CUDA_BUILDS", "torch_minor", "TorchCudaBuild", "trainer_image_build_commands", "trainer_image_uri", "training_replicas",
+           "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer", "SPOT_CHECKPOINT_EVERY_MINUTES",
+           "spot_worker_pools", "stage_package", "submit_custom_job", "TASK_MODULE", "TORCH_CUDA_BUILDS",
+           "torch_minor", "TorchCudaBuild", "trainer_image_build_commands", "trainer_image_uri", "training_replicas",
            "VertexError", "watch_job"]

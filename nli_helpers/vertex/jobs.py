@@ -28,7 +28,7 @@ from nli_helpers.storage import CREDENTIALS_HELP
 
 from .errors import JobFailedError, VertexError
 from .images import trainer_image_uri
-from .pools import training_replicas
+from .pools import SPOT_CHECKPOINT_EVERY_MINUTES, spot_worker_pools, training_replicas
 
 if TYPE_CHECKING:
     from google.cloud.aiplatform import CustomJob
@@ -164,8 +164,9 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, di
     `restart_job_on_worker_restart=None` turns it on for a job of several training replicas: when Vertex restarts
     one replica (maintenance, Spot preemption), the others are restarted too, because torchrun's fixed rendezvous
     cannot take a single new node back; every replica then resumes from the newest checkpoint. `spot=True` runs on
-    Spot VMs (preemptible, cheaper). `tensorboard`: a Vertex AI TensorBoard resource to stream the job's scalars to
-    (`check_vertex_tensorboard`).
+    Spot VMs (preemptible, cheaper); the trainer then also checkpoints every few minutes unless its
+    config says how often (`pools.spot_worker_pools`). `tensorboard`: a Vertex AI TensorBoard
+    resource to stream the job's scalars to (`check_vertex_tensorboard`).
     """
     if tensorboard:
         check_vertex_tensorboard(tensorboard, service_account)
@@ -175,6 +176,12 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, di
     from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
 
     strategy = custom_job_types.Scheduling.Strategy.SPOT if spot else None
+    if spot:
+        spot_pools = spot_worker_pools(worker_pool_specs)
+        if spot_pools != worker_pool_specs:
+            print(f"Spot VMs: the trainer also checkpoints every {SPOT_CHECKPOINT_EVERY_MINUTES} "
+                  "minutes (set checkpoint_every_minutes in the config to choose)")
+        worker_pool_specs = spot_pools
     with api_errors("the job", service_account):
         job = aiplatform.CustomJob(display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
                                    worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)

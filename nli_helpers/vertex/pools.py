@@ -8,6 +8,7 @@ Reduction Server, each running the trainer image's entry point (or the torchrun 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,12 @@ LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun o
 # samples use (a VM's egress bandwidth grows with its vCPUs, and reducers need bandwidth, not memory).
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+# A Spot job's time budget for checkpoints (--checkpoint_every_minutes) when its config sets none.
+# A preempted Spot VM is powered off 30 s after its notice, and Vertex documents no grace period for
+# a training container: the last checkpoint may never finish uploading, and the `full` profile would
+# then lose up to an epoch (hours). A roberta-base checkpoint takes about 10-20 s (benchmarks/
+# README.md): every 10 minutes that is 2-3% of the training time, for at most 10 minutes lost.
+SPOT_CHECKPOINT_EVERY_MINUTES = 10
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,22 @@ def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
                      "image": code.get("executor_image_uri") or code.get("image_uri"), "runs": runs,
                      "args": " ".join(code.get("args", []))})
     return rows
+
+
+def spot_worker_pools(worker_pool_specs: list[dict]) -> list[dict]:
+    """A copy of the pools for a Spot job: each training pool that runs the trainer (its args name
+    --profile, as `job_args` always does) also checkpoints every SPOT_CHECKPOINT_EVERY_MINUTES,
+    unless its args set --checkpoint_every_minutes already (0 included: your choice). Takes the
+    SDK's snake_case pools and the REST body's camelCase ones."""
+    budget = f"--checkpoint_every_minutes={SPOT_CHECKPOINT_EVERY_MINUTES:g}"
+    pools = copy.deepcopy(worker_pool_specs)
+    for pool in pools[:2]:  # the chief and the workers, not reducers
+        for key in ("container_spec", "python_package_spec", "containerSpec", "pythonPackageSpec"):
+            args = pool.get(key, {}).get("args") or []
+            flags = {a.split("=", 1)[0][2:].replace("-", "_") for a in args if a.startswith("--")}
+            if "profile" in flags and "checkpoint_every_minutes" not in flags:
+                pool[key]["args"] = [*args, budget]
+    return pools
 
 
 def training_replicas(worker_pool_specs: list[dict]) -> int:
