@@ -41,7 +41,7 @@ WEIGHTS, STATE, MANIFEST = "model.safetensors", "training_state.pt", "manifest.j
 # Fields that must match for a resumed run to continue the same trajectory.
 RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_steps", "learning_rate",
                    "weight_decay", "warmup_ratio", "max_length", "seed", "group_by_length",
-                   "fraction_of_train_data", "max_train_samples")
+                   "fraction_of_train_data", "max_train_samples", "eval_fraction")  # eval_fraction: the split
 # The loop's position, saved and restored as plain values (train.LoopState's fields).
 PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")
@@ -234,20 +234,21 @@ def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
 
 # -- the training loop's state ------------------------------------------------------------------------------------
 def save_training(root: str, keep: int, step: int, model, optimizer, scheduler, scaler, progress: dict,
-                  cfg: TrainConfig, info: DistInfo, device: torch.device, precision: str) -> str:
+                  cfg: TrainConfig, info: DistInfo, device: torch.device, precision: str,
+                  fingerprint: str | None = None) -> str:
     """Checkpoint the loop (every rank calls this; rank 0 writes, and its failure raises on every rank)."""
     rng = all_gather_objects(rng_state(device), info)
     state = {**{k: progress[k] for k in PROGRESS}, "world_size": info.world_size, "precision": precision,
              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-             "rng": rng, "config": cfg.to_dict()}
+             "rng": rng, "config": cfg.to_dict(), "data_fingerprint": fingerprint}
     return on_main_process(lambda: save_checkpoint(root, step, model, state, keep), info)
 
 
 def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainConfig, info: DistInfo,
-                    device: torch.device, precision: str) -> dict:
+                    device: torch.device, precision: str, fingerprint: str | None = None) -> dict:
     """Load a checkpoint into the model and the optimizer, schedule, scaler and RNG; return the loop's position."""
     state = load_checkpoint(path, model)
-    check_resumable(path, state, cfg, info.world_size, precision)
+    check_resumable(path, state, cfg, info.world_size, precision, fingerprint)
     model.to(device)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -256,10 +257,15 @@ def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainCo
     return {k: state.get(k, 0) for k in PROGRESS}
 
 
-def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str) -> None:
-    """Refuse a resume that would silently train another run: changed settings, process count or precision."""
+def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str,
+                    fingerprint: str | None = None) -> None:
+    """Refuse a resume that would silently train another run: changed settings, training data, process count or
+    precision."""
     saved = state["config"]
-    changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL if saved.get(k) != getattr(cfg, k)]
+    changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL
+               if k in saved and saved.get(k) != getattr(cfg, k)]
+    if fingerprint and state.get("data_fingerprint") and state["data_fingerprint"] != fingerprint:
+        changed.append(f"the training pairs under data={cfg.data!r} (their content or order differs)")
     if changed:
         raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; "
                               "resume with the same settings or start a new job dir")

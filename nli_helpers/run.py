@@ -36,7 +36,7 @@ from .metrics import summary_line
 from .model import count_parameters, load_model_and_tokenizer
 from .progress import quiet_library_bars
 from .tracking import default_callbacks
-from .train import TrainResult, train
+from .train import TrainResult, sigterm_requests, train
 
 
 def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
@@ -85,9 +85,14 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks, 
         resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
     if verbose and resume:
         print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
-    result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
-                   checkpoint_root=root, resume_from=resume_from)
-    on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
+    # A SIGTERM after the loop (final evaluation, final save) must not kill the save half-way: the loop
+    # checkpoints the final step, and the save finishes while the platform's grace period lasts.
+    with sigterm_requests() as late:
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
+                       checkpoint_root=root, resume_from=resume_from)
+        on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
+    if late.requested and verbose:
+        print(f"SIGTERM arrived during the final save{late.since()}; the run was saved whole")
     return result
 
 

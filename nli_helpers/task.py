@@ -61,7 +61,7 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     from .run import run_training  # torch and transformers load after the arguments are checked
-    from .train import Preempted
+    from .train import Preempted, StoppedWithoutCheckpoint
 
     try:
         cfg = config_from_args(argv)
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:  # an exit code Vertex AI retries; the restarted job resumes from the checkpoint
         mark_preempted()
         print(f"preempted: {e}; exiting {e.exit_code}, an exit code Vertex AI retries", file=sys.stderr)
+        return e.exit_code
+    except StoppedWithoutCheckpoint as e:
+        print(f"stopped: {e}; exiting {e.exit_code}", file=sys.stderr)
         return e.exit_code
     except NLIError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,6 +14,7 @@ it: `checkpoint` (save, resume), `distributed` (ranks), `hardware` (precision), 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import signal
@@ -30,7 +31,7 @@ from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmu
 from .batching import LengthGroupedBatchSampler
 from .callbacks import TrainCallback
 from .checkpoint import resume_training, save_training
-from .config import NLIError, TrainConfig, batch_split
+from .config import ConfigError, NLIError, TrainConfig, batch_split
 from .distributed import SINGLE_PROCESS, DistInfo, agree_after_step, all_gather_objects, all_reduce_sum, device_for
 from .hardware import autocast, resolve_precision
 from .metrics import classification_scores, majority_baseline, summary_line
@@ -46,6 +47,35 @@ NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
 # restarted anyway; this code makes sure that the replicas which stop with it (every rank stops at the same step)
 # are retried too, instead of failing the job. `python -m nli_helpers.launch` exits with it as well.
 RESTARTABLE_EXIT_CODE = 134
+
+
+class StoppedWithoutCheckpoint(NLIError):
+    """SIGTERM arrived and no checkpoint could be written (--keep_checkpoints 0): not worth a retry."""
+
+    exit_code = 143  # 128 + SIGTERM: a permanent failure for Vertex AI, which retries only 134/139
+
+
+def data_fingerprint(dataset) -> str:
+    """SHA-256 of the training split as the loop sees it (token ids, labels, order): an edited data file or another
+    split under the same --data path changes it, and a resume then refuses instead of training another run."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    digest = hashlib.sha256()
+    for name in sorted(table.column_names):
+        column = table.column(name).combine_chunks()
+        digest.update(name.encode())
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            parts = [pc.list_value_length(column), column.flatten()]
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            parts = [pa.array(["\x00".join(column.to_pylist())])]
+        else:
+            parts = [column]
+        for part in parts:
+            values = part.to_numpy(zero_copy_only=False)
+            digest.update(values.tobytes() if values.dtype != object else "\x00".join(map(str, values)).encode())
+    return digest.hexdigest()
 
 
 class Preempted(NLIError):
@@ -92,15 +122,21 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         model, device_ids=[info.local_rank] if device.type == "cuda" else None) if info.enabled else model
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
     loader = make_train_loader(tokenized["train"], cfg, collator, device, num_replicas=info.world_size, rank=info.rank)
-    total_steps = max(1, math.ceil(cfg.epochs * max(1, len(loader) // cfg.grad_accum_steps)))
+    if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken: the loop would never end
+        raise ConfigError(f"grad_accum_steps={cfg.grad_accum_steps} is more than the {len(loader)} micro-batch(es) "
+                          f"of an epoch here ({len(tokenized['train'])} training pairs, batch_size="
+                          f"{cfg.batch_size}): lower grad_accum_steps, or use more data")
+    total_steps = max(1, math.ceil(cfg.epochs * (len(loader) // cfg.grad_accum_steps)))
     optimizer = build_optimizer(model, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
     state = LoopState()
+    # What the checkpoint's resume check compares besides the settings: the training pairs themselves, in order.
+    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None
     if resume_from:
         state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg, info, device,
-                                            precision))
+                                            precision, fingerprint))
     log = TrainLog(cfg, info, total_steps, state, callbacks)
     timer = CheckpointTimer(cfg.checkpoint_every_minutes, clock)
     if resume_from:
@@ -118,7 +154,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         timer.restart()
         log.flush(state, len(loader))  # the history is complete, and a non-finite loss stops us before we save
         return save_training(checkpoint_root, cfg.keep_checkpoints, state.step, model, optimizer, scheduler, scaler,
-                             asdict(state), cfg, info, device, precision)
+                             asdict(state), cfg, info, device, precision, fingerprint)
 
     start = time.perf_counter()
     with sigterm_requests() as stop:
@@ -157,6 +193,13 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 stopping, due = agree_after_step(stop.requested, timer.due(), info)
                 if stopping:
                     path = checkpoint_now()
+                    if path is None:
+                        raise StoppedWithoutCheckpoint(
+                            f"stopped by SIGTERM after step {state.step}{stop.since()}, with no checkpoint to resume "
+                            f"from (--keep_checkpoints {cfg.keep_checkpoints}"
+                            f"{'' if checkpoint_root else ', no checkpoint dir'}): a restart would start from step "
+                            "0, so this exit is one Vertex AI does not retry. Keep checkpoints (the default, 2) to "
+                            "make a preempted job resumable")
                     raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved to {path}"
                                     f"{stop.since()}. Rerun with --resume auto to continue")
                 # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
@@ -171,6 +214,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 evaluate_now()
             if state.step < total_steps:
                 checkpoint_now()
+        if stop.requested and checkpoint_now():  # the signal came during the final evaluation: keep the step
+            log.message(f"SIGTERM during the final evaluation{stop.since()}: checkpoint of step {state.step} saved; "
+                        "finishing the run")
     log.close()
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals, time.perf_counter() - start,
                                precision=precision, device=device, model=model)

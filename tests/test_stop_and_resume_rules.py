@@ -1,0 +1,79 @@
+"""SIGTERM wherever the process is, and the resume check's data fingerprint: in-process runs of the tiny model.
+
+A callback sends the process its own SIGTERM at an exact point (a logged step, the final evaluation), which is
+where the platform's signal would land."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from nli_helpers.callbacks import TrainCallback
+from nli_helpers.checkpoint import latest_checkpoint
+from nli_helpers.config import ConfigError, NLIError, make_config
+from nli_helpers.run import run_training
+from nli_helpers.train import Preempted, StoppedWithoutCheckpoint
+
+
+class SigtermAt(TrainCallback):
+    def __init__(self, *, step: int | None = None, final_eval: bool = False):
+        self.step, self.final_eval, self.sent = step, final_eval, False
+
+    def _send(self):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_log(self, rows):
+        if self.step is not None and any(r.get("step") == self.step for r in rows):
+            self._send()
+
+    def on_evaluate(self, step, epoch, scores):
+        if self.final_eval:
+            self._send()
+
+
+def cfg(job: Path, tiny_model_dir: str, **kw):
+    values = dict(data="sample", model_name=tiny_model_dir, epochs=1, batch_size=16, precision="fp32",
+                  log_every=1, progress=False, job_dir=str(job), max_train_samples=64, max_eval_samples=32)
+    return make_config("smoke", **{**values, **kw})
+
+
+def test_sigterm_without_checkpoints_says_so_and_exits_with_a_code_vertex_does_not_retry(tmp_path, tiny_model_dir):
+    with pytest.raises(StoppedWithoutCheckpoint, match="with no checkpoint to resume from .--keep_checkpoints 0") \
+            as err:
+        run_training(cfg(tmp_path / "job", tiny_model_dir, keep_checkpoints=0), callbacks=[SigtermAt(step=1)])
+    assert err.value.exit_code == 143 and not isinstance(err.value, Preempted)
+    assert "checkpoint saved to None" not in str(err.value)
+
+
+def test_sigterm_during_the_final_evaluation_checkpoints_the_last_step_and_finishes(tmp_path, tiny_model_dir):
+    job = tmp_path / "job"
+    result = run_training(cfg(job, tiny_model_dir), callbacks=[SigtermAt(final_eval=True)])
+    steps = result.metrics["train"]["steps"]
+    assert latest_checkpoint(str(job / "checkpoints")).endswith(f"checkpoint-{steps:08d}")
+    assert (job / "metrics.json").is_file()  # and the run itself was saved whole
+
+
+def test_grad_accum_larger_than_an_epoch_is_refused_instead_of_looping_forever(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="grad_accum_steps=16 is more than the 8 micro-batch"):
+        run_training(cfg(tmp_path / "job", tiny_model_dir, max_train_samples=8, grad_accum_steps=16))
+
+
+def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir):
+    from nli_helpers.data import SAMPLE_PATH
+
+    data = tmp_path / "pairs.jsonl"
+    lines = SAMPLE_PATH.read_text().splitlines()
+    data.write_text("\n".join(lines) + "\n")
+    job = tmp_path / "job"
+    with pytest.raises(Preempted):
+        run_training(cfg(job, tiny_model_dir, data=str(data)), callbacks=[SigtermAt(step=2)])
+    data.write_text("\n".join(lines[:-12]) + "\n")  # the file changed under its name
+    with pytest.raises(NLIError, match=f"the training pairs under data='{data}'"):
+        run_training(cfg(job, tiny_model_dir, data=str(data), resume="auto"))
+    with pytest.raises(NLIError, match=r"eval_fraction \(0.1 -> 0.2\)"):
+        run_training(cfg(job, tiny_model_dir, data=str(data), resume="auto", eval_fraction=0.2))
