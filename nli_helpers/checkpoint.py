@@ -20,6 +20,7 @@ position.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -102,8 +103,11 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
     except (OSError, RuntimeError, SafetensorError) as e:  # a full disk surfaces as any of these
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {name} to {root} ({getattr(e, 'strerror', None) or e}); the previous "
-                              "checkpoint is kept. Free disk space or pass --checkpoint_dir elsewhere") from e
+        kept = latest_checkpoint(root) if root_path.is_dir() else None
+        raise CheckpointError(f"could not write checkpoint {name} to {root} ({getattr(e, 'strerror', None) or e}); "
+                              + (f"the previous checkpoint {Path(kept).name} is kept. " if kept else
+                                 "there is no earlier checkpoint. ")
+                              + _write_hint(e)) from e
     for old in sorted(_local_checkpoints(root_path))[:-keep] if keep > 0 else []:
         _remove(old[1])
     return str(final)
@@ -122,6 +126,19 @@ def _remove(directory: Path) -> None:
     """Delete a checkpoint so that it stops counting first: the manifest, then the rest."""
     (directory / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_hint(err: BaseException) -> str:
+    """What to do about a failed write, by its cause rather than a guess."""
+    code = getattr(err, "errno", None)
+    full = ("No space left", "StorageFull", "File too large", "FileTooLarge", "Disk quota")
+    if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(text in str(err) for text in full):
+        return "The disk is full (or a file-size or quota limit was hit): free space or pass --checkpoint_dir elsewhere"
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return "A part of that path is a file, not a folder: pass --checkpoint_dir with a folder"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "That folder is not writable here: pass --checkpoint_dir with one you can write"
+    return "Pass --checkpoint_dir with a folder you can write"
 
 
 def staging_dir() -> str | None:

@@ -44,6 +44,8 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
     job_dir = cfg.job_dir or default_job_dir()
     check_job_dir(job_dir)
+    if cfg.checkpoint_dir:  # fail now, not after an epoch, when the checkpoints cannot be written
+        check_job_dir(cfg.checkpoint_dir, what="checkpoint dir", flag="--checkpoint_dir")
     quiet_library_bars()
     callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]  # TensorBoard; hypertune in a trial
     info = init_distributed()
@@ -100,7 +102,7 @@ def default_job_dir() -> str:
     return os.environ.get("AIP_MODEL_DIR") or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_job_dir(job_dir: str) -> None:
+def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir") -> None:
     """Fail before training, not after, when the output dir cannot be written."""
     if storage.is_gcs_uri(job_dir):
         # A write and a delete: exactly what roles/storage.objectUser grants, nothing bucket-level.
@@ -112,8 +114,9 @@ def check_job_dir(job_dir: str) -> None:
     path = Path(job_dir).expanduser().resolve()
     parent = next(p for p in (path, *path.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise NLIError(f"job dir {job_dir} is not writable ({parent} is not a writable directory); "
-                       "pass --job-dir with a directory you can write")
+        why = "a file, not a folder" if parent.is_file() else "not a writable folder"
+        raise NLIError(f"{what} {job_dir} cannot be written ({parent} is {why}); pass {flag} with a folder "
+                       "you can write")
 
 
 def save_run(result: TrainResult, job_dir: str) -> str:

@@ -146,3 +146,24 @@ def test_a_rerun_into_a_finished_gcs_job_dir_drops_the_old_result_before_the_fir
         save_run(_FakeResult(fail=False), job)
     monkeypatch.setattr(storage, "upload", real_upload)
     assert not storage.exists(f"{job}/metrics.json"), "an old result beside new weights"
+
+
+def test_a_checkpoint_dir_under_a_file_is_refused_before_training_with_the_real_cause(tmp_path, tiny_model_dir):
+    from nli_helpers.config import NLIError, make_config
+    from nli_helpers.run import run_training
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = make_config("smoke", data="sample", model_name=tiny_model_dir, job_dir=str(tmp_path / "job"),
+                      checkpoint_dir=str(blocker / "checkpoints"))
+    with pytest.raises(NLIError, match="checkpoint dir .* cannot be written .* is a file, not a folder"):
+        run_training(cfg)
+    assert not (tmp_path / "job" / "history.jsonl").exists()  # refused before training, not after an epoch
+
+
+def test_a_failed_write_names_its_cause_not_a_full_disk(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="A part of that path is a file, not a folder") as err:
+        save(blocker / "checkpoints", 1)
+    assert "disk is full" not in str(err.value) and "Free disk space" not in str(err.value)

@@ -157,6 +157,6 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny_model_dir, tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "could not write checkpoint checkpoint-00000002" in result["outcome"]
-    assert "previous checkpoint is kept" in result["outcome"]
+    assert "the previous checkpoint checkpoint-00000001 is kept. The disk is full" in result["outcome"]
     assert result["latest"].endswith("checkpoint-00000001") and result["state"] == 1
     assert result["left"] == ["checkpoint-00000001"]  # the half-written one is gone

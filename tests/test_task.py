@@ -81,7 +81,7 @@ def test_unwritable_job_dir(tmp_path, case):
         parent.chmod(0o500)
         job = parent / "job"
     try:
-        run_fails(job, "is not writable")
+        run_fails(job, "cannot be written")
     finally:
         if case == "in-a-read-only-dir":
             parent.chmod(0o700)
