@@ -163,7 +163,7 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
     """One live run per local job dir and checkpoint dir: a second run into them would replace and prune the
     first's checkpoints. The lock is an OS file lock (filelock), so it goes with the process that held it."""
     folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root)) if not storage.is_gcs_uri(d)]
-    locks = []
+    locks, created = [], [Path(d) for d in folders if not Path(d).exists()]
     try:
         for folder in folders:
             Path(folder).mkdir(parents=True, exist_ok=True)
@@ -178,3 +178,8 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
     finally:
         for lock in locks:
             lock.release()
+        # A run that stopped before writing anything (a bad --data, say) leaves no folder behind.
+        for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
+            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {".nli-run.lock"}:
+                (folder / ".nli-run.lock").unlink(missing_ok=True)
+                folder.rmdir()
