@@ -172,10 +172,16 @@ def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one(
 
 # -- 6. a failure on rank 0 ends every rank within seconds, with rank 0's message ----------------------------------
 def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_model_dir):
+    # A checkpoint dir that passes the check before training and the lock, but whose checkpoint's temporary folder
+    # name pushes the path past PATH_MAX (4,096 bytes): the write fails on rank 0 only, at the first checkpoint.
+    root = str(tmp_path)
+    while len(root) < 4076 - 201:
+        root += "/" + "d" * 200
+    root += "/" + "d" * (4076 - len(root) - 1)
     start = time.monotonic()
     proc = torchrun("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "2",
                     "--batch_size", "8", "--max_train_samples", "32", "--precision", "fp32", "--no-progress",
-                    "--job-dir", str(tmp_path / "job"), "--checkpoint_dir", "/dev/null/checkpoints")
+                    "--job-dir", str(tmp_path / "job"), "--checkpoint_dir", root)
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert "rank 0 failed, so rank 1 stops too: CheckpointError: could not write checkpoint" in proc.stderr
