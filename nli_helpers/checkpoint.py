@@ -29,6 +29,8 @@ import pickle
 import re
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -247,6 +249,47 @@ def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
                               "intact one") from e
     except (OSError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match this model") from e
+
+
+class CheckpointTimer:
+    """Says when `minutes` (None or 0: never) have passed on `clock` since the start or the last
+    checkpoint."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = (minutes or 0) * 60, clock
+        self.restart()
+
+    def restart(self) -> None:
+        self.since = self.clock()
+
+    def minutes(self) -> float:
+        return (self.clock() - self.since) / 60
+
+    def due(self) -> bool:
+        return self.seconds > 0 and self.clock() - self.since >= self.seconds
+
+
+def data_fingerprint(dataset) -> str:
+    """SHA-256 of the training split as the loop sees it (token ids, labels, order): an edited data file or another
+    split under the same --data path changes it, and a resume then refuses instead of training another run."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    digest = hashlib.sha256()
+    for name in sorted(table.column_names):
+        column = table.column(name).combine_chunks()
+        digest.update(name.encode())
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            parts = [pc.list_value_length(column), column.flatten()]
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            parts = [pa.array(["\x00".join(column.to_pylist())])]
+        else:
+            parts = [column]
+        for part in parts:
+            values = part.to_numpy(zero_copy_only=False)
+            digest.update(values.tobytes() if values.dtype != object else "\x00".join(map(str, values)).encode())
+    return digest.hexdigest()
 
 
 # -- the training loop's state ------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ it: `checkpoint` (save, resume), `distributed` (ranks), `hardware` (precision), 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import signal
@@ -30,7 +29,7 @@ from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmu
 
 from .batching import LengthGroupedBatchSampler
 from .callbacks import TrainCallback
-from .checkpoint import resume_training, save_training
+from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
 from .config import ConfigError, NLIError, TrainConfig, batch_split
 from .distributed import SINGLE_PROCESS, DistInfo, agree_after_step, all_gather_objects, all_reduce_sum, device_for
 from .hardware import autocast, resolve_precision
@@ -53,29 +52,6 @@ class StoppedWithoutCheckpoint(NLIError):
     """SIGTERM arrived and no checkpoint could be written (--keep_checkpoints 0): not worth a retry."""
 
     exit_code = 143  # 128 + SIGTERM: a permanent failure for Vertex AI, which retries only 134/139
-
-
-def data_fingerprint(dataset) -> str:
-    """SHA-256 of the training split as the loop sees it (token ids, labels, order): an edited data file or another
-    split under the same --data path changes it, and a resume then refuses instead of training another run."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")[:]
-    digest = hashlib.sha256()
-    for name in sorted(table.column_names):
-        column = table.column(name).combine_chunks()
-        digest.update(name.encode())
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            parts = [pc.list_value_length(column), column.flatten()]
-        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            parts = [pa.array(["\x00".join(column.to_pylist())])]
-        else:
-            parts = [column]
-        for part in parts:
-            values = part.to_numpy(zero_copy_only=False)
-            digest.update(values.tobytes() if values.dtype != object else "\x00".join(map(str, values)).encode())
-    return digest.hexdigest()
 
 
 class Preempted(NLIError):
@@ -132,8 +108,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
     state = LoopState()
-    # What the checkpoint's resume check compares besides the settings: the training pairs themselves, in order.
-    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None
+    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None  # the resume check's data
     if resume_from:
         state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg, info, device,
                                             precision, fingerprint))
@@ -386,24 +361,6 @@ def progress_line(rows: list[dict], total_steps: int) -> str:
 
 
 # -- a checkpoint every N minutes: all that a VM lost without a last checkpoint costs ------------
-class CheckpointTimer:
-    """Says when `minutes` (None or 0: never) have passed on `clock` since the start or the last
-    checkpoint."""
-
-    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic):
-        self.seconds, self.clock = (minutes or 0) * 60, clock
-        self.restart()
-
-    def restart(self) -> None:
-        self.since = self.clock()
-
-    def minutes(self) -> float:
-        return (self.clock() - self.since) / 60
-
-    def due(self) -> bool:
-        return self.seconds > 0 and self.clock() - self.since >= self.seconds
-
-
 # -- SIGTERM: finish the step, checkpoint, exit with a code Vertex retries ----------------------------------------
 class StopRequest:
     requested = False
