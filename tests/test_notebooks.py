@@ -57,6 +57,11 @@ def read(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
+def ipython_only(line: str) -> bool:
+    """A magic (`%matplotlib inline`), a shell escape (`!ls`) or help (`train??`): IPython, not Python."""
+    return line.lstrip().startswith(("%", "!")) or line.rstrip().endswith("?")
+
+
 def code_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code"]
 
@@ -201,7 +206,7 @@ def test_each_notebook_links_the_documentation_and_keeps_ci_out_of_the_lesson(pa
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_no_cell_rebinds_a_name_the_notebook_imported(path):
     """`sweep = sweep.local_sweep(...)` works once, then every later `sweep.` call fails: results get their own names."""
-    trees = [ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith("%")))
+    trees = [ast.parse("\n".join(line for line in cell.source.splitlines() if not ipython_only(line)))
              for cell in code_cells(read(path))]
     imported = {(alias.asname or alias.name).split(".")[0] for tree in trees for node in ast.walk(tree)
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
