@@ -7,7 +7,7 @@ PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check 
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
 
-.PHONY: help venv browser demo train-smoke bench gpu-check image-check test test-fast lint constraints clean
+.PHONY: help venv browser demo demo-notebooks train-smoke bench gpu-check image-check test test-fast lint constraints clean
 
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
@@ -27,11 +27,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Every notebook, headless (papermill), into runs/<timestamp>/, then a one-screen summary.
+# Every notebook, headless, with papermill's own CLI, into runs/demo-<time>/ (the runs they train go to runs/ too).
 # Notebooks 04-05 submit to Vertex AI: offline, they run against localcloud/ (a Cloud Storage emulator and a fake
 # of Vertex AI whose jobs really train in the trainer image's stand-in, built once per package version).
 demo: $(STAMP)
-	$(BIN)/python -m localcloud -- $(BIN)/python -m nli_helpers.notebook_runs --params notebooks/params/smoke.yaml
+	$(BIN)/python -m localcloud -- $(MAKE) --no-print-directory demo-notebooks
+demo-notebooks:
+	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
+	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
+	  start=$$(date +%s); echo "$$nb ..."; \
+	  $(BIN)/papermill --no-progress-bar --log-level WARNING --cwd notebooks -f notebooks/params/smoke.yaml \
+	    "$$(pwd)/$$nb" "$$out/$$(basename $$nb)" || exit 1; \
+	  echo "  ok in $$(( $$(date +%s) - start ))s"; \
+	done; echo "executed notebooks: $$out"
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
 train-smoke: $(STAMP)

@@ -4,16 +4,14 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 [tool.importlinter]):
 
     task, launch            the commands a job runs: train + evaluate; torchrun on a Vertex cluster
-    plots, tuning, explore  figures; Vertex AI tuning jobs; looking at the data
-    run, sweep              one training run, saved (local or gs://); a local sweep of notebook runs
-    train, evaluation,      the loop in one function; scoring and predicting with a saved model;
-    vertex/                 Vertex AI jobs (images, worker pools, preflight, submit / watch / fetch)
+    run                     one training run, saved (local or gs://)
+    train | vertex/         the loop in one function | Vertex AI jobs, the [vertex] extra (never imported
+                            by the trainer)
     checkpoint, tracking,   exact resume; TensorBoard and the hypertune report; tokenising and length-grouped
     batching, model,        batches; model loading and prediction; scores; the sdist and the venv the trainer
     metrics, packaging      image would be
-    data, distributed,      labels, splits, sources; processes and ranks; GPU and precision; machine prices;
-    hardware, pricing,      where notebook runs go
-    notebook_runs
+    data, distributed,      labels, splits, sources; processes and ranks; GPU and precision; where notebook
+    hardware, notebook_runs runs go
     storage, tables,        gs:// and local paths; reading one file; progress lines; the callback interface
     progress, callbacks
     config                  TrainConfig, profiles, errors

@@ -1,7 +1,6 @@
 """The hardware a run gets: which precision it trains in, and whether the GPU it needs is really there.
 
     >>> resolve_precision("auto", torch.device("cuda"))   # bf16 on an A100/L4/H100, fp16 on a T4/V100
-    >>> describe_hardware()                                # what notebook 02 prints before a run
     >>> check_accelerator(cfg)                             # before loading anything: no GPU, no `full` run
 
 The precision rule, the same in the package and in notebook 02: bf16 autocast on GPUs of compute capability
@@ -63,17 +62,6 @@ def resolve_precision(requested: str, device: torch.device) -> str:
         raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 where "
                           "supported) or fp32")
     return requested
-
-
-def describe_hardware(requested: str = "auto", device: torch.device | None = None) -> dict:
-    """What a run would use here: device, native bf16 or not, and what `requested` precision becomes."""
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        precision = resolve_precision(requested, device)
-    except ConfigError as err:
-        precision = f"refused: {err}"
-    return {"device": device_name(device), "native bf16": native_bf16(device), "precision": requested,
-            "runs as": precision, "torch": torch.__version__, "CUDA build": torch.version.cuda or "none"}
 
 
 def autocast(precision: str, device: torch.device):

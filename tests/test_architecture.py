@@ -47,7 +47,7 @@ def test_the_contracts_catch_an_upward_import_and_a_circle(tmp_path):
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "nli_helpers.config is not allowed to import nli_helpers.train" in result.stdout
-    assert "2 kept, 2 broken" in result.stdout  # the layers and the circle (config -> train -> ... -> config)
+    assert "3 kept, 2 broken" in result.stdout  # the layers and the circle (config -> train -> ... -> config)
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from nli_helpers import hardware, pricing, vertex
+from nli_helpers import hardware, vertex
 from nli_helpers.config import make_config
-from nli_helpers.vertex import Machine
+from nli_helpers.vertex import Machine, pricing
 
 pytest_plugins = ["tests.fake_vertex"]
 

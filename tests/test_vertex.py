@@ -17,10 +17,10 @@ from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
 
 import nli_helpers
 from localcloud import TRAINER_IMAGE
-from nli_helpers import pricing, storage, vertex
+from nli_helpers import storage, vertex
 from nli_helpers.config import make_config
 from nli_helpers.task import config_from_args
-from nli_helpers.vertex import Machine
+from nli_helpers.vertex import Machine, pricing
 
 # Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
 # test_packaging, as is the trainer image's stand-in under them).

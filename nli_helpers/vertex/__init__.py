@@ -25,7 +25,7 @@ The modules: `images` (which image), `pools` (the worker pools), `preflight` (ch
 """
 
 from nli_helpers.packaging import build_sdist, stage_package
-from nli_helpers.pricing import CostEstimate, JobCostEstimate, estimate_cost, estimate_job_cost
+from nli_helpers.vertex.pricing import CostEstimate, JobCostEstimate, estimate_cost, estimate_job_cost
 
 from .errors import JobFailedError, NoPrebuiltImageError, PreflightError, VertexError
 from .images import (
@@ -56,7 +56,6 @@ from .jobs import (
     VertexSettings,
     aiplatform_sdk,
     check_vertex_tensorboard,
-    create_hyperparameter_tuning_job,
     fetch_outputs,
     init_vertex,
     logs_url,
@@ -81,9 +80,10 @@ from .pools import (
     training_replicas,
 )
 from .preflight import Check, bucket_location_check, preflight
+from .tuning import validate_search_space
 
 __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build_sdist", "Check", "check_vertex_tensorboard",
-           "container_worker_pools", "CostEstimate", "create_hyperparameter_tuning_job", "estimate_cost", "estimate_job_cost",
+           "container_worker_pools", "CostEstimate", "estimate_cost", "estimate_job_cost",
            "DEFAULT_TORCH_CUDA", "fetch_outputs", "GPU_COMPUTE_CAPABILITY", "image_gpu_problem",
            "image_torch_cuda", "image_torch_version", "IMAGES_SOURCE", "IMAGES_TABLE_DATE", "init_vertex", "VertexSettings",
            "job_args", "job_config", "JobCostEstimate", "JobFailedError", "LAUNCH_MODULE", "local_torch_version",
@@ -94,4 +94,4 @@ __all__ = ["aiplatform_sdk", "API_ENDPOINT_ENV", "bucket_location_check", "build
            "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer", "SPOT_CHECKPOINT_EVERY_MINUTES",
            "spot_worker_pools", "stage_package", "submit_custom_job", "TASK_MODULE", "TORCH_CUDA_BUILDS",
            "torch_minor", "TorchCudaBuild", "trainer_image_build_commands", "trainer_image_uri", "training_replicas",
-           "VertexError", "watch_job"]
+           "validate_search_space", "VertexError", "watch_job"]

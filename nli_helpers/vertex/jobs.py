@@ -93,12 +93,7 @@ def init_vertex(project: str | None = None, region: str = "us-central1", staging
     # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
     aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
                           api_endpoint=api_endpoint, api_transport=api_transport)
-    _session.update(project=project, region=region, endpoint=api_endpoint, credentials=credentials,
-                    transport=api_transport)
     return VertexSettings(project, region, staging_bucket, api_endpoint, image_uri or trainer_image_uri(project, region))
-
-
-_session: dict = {}  # what init_vertex chose, for the clients the SDK's job classes do not cover
 
 
 @contextlib.contextmanager
@@ -117,23 +112,6 @@ def api_errors(what: str, service_account: str | None = None):
                           "gcloud services enable aiplatform.googleapis.com") from err
 
 
-def create_hyperparameter_tuning_job(body: str, *, service_account: str | None = None):
-    """Create a HyperparameterTuningJob from its REST JSON through the public GAPIC client, and return the SDK's
-    job object (as `CustomJob.submit` returns at once, which `HyperparameterTuningJob.run` does not)."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import aiplatform_v1
-
-    if not _session:
-        raise VertexError("call vertex.init_vertex(project, region, staging_bucket) first")
-    client = aiplatform_v1.JobServiceClient(credentials=_session["credentials"], transport=_session["transport"],
-                                            client_options=ClientOptions(api_endpoint=_session["endpoint"]))
-    parent = f"projects/{_session['project']}/locations/{_session['region']}"
-    with api_errors("the tuning job", service_account):
-        created = client.create_hyperparameter_tuning_job(
-            parent=parent, hyperparameter_tuning_job=aiplatform_v1.HyperparameterTuningJob.from_json(body))
-    return aiplatform_sdk().HyperparameterTuningJob.get(created.name)
-
-
 TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
 
 
@@ -141,8 +119,7 @@ def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> N
     """A Vertex AI TensorBoard resource streams the job's AIP_TENSORBOARD_LOG_DIR into TensorBoard in the console.
 
     Create one with `aiplatform.Tensorboard.create(display_name=...)` and pass its resource name
-    (projects/P/locations/L/tensorboards/ID) as `tensorboard=` to `submit_custom_job` or
-    `tuning.submit_tuning_job`. Vertex AI requires such a job to run as a service account that may write to the
+    (projects/P/locations/L/tensorboards/ID) as `tensorboard=` to `submit_custom_job`. Vertex AI requires such a job to run as a service account that may write to the
     staging bucket and use Vertex AI (roles/storage.objectAdmin, roles/aiplatform.user); see
     https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training
     """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nli_helpers.config import TrainConfig, check_profile, make_config
-from nli_helpers.pricing import POOL_ROLES
+from nli_helpers.vertex.pricing import POOL_ROLES
 
 from .errors import VertexError
 from .images import local_torch_version, prebuilt_image_uri

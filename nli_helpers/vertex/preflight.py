@@ -16,7 +16,7 @@ from google.auth.exceptions import GoogleAuthError
 
 from nli_helpers import storage
 from nli_helpers.config import ConfigError, NLIError, TrainConfig, batch_line
-from nli_helpers.pricing import accelerator_problem
+from nli_helpers.vertex.pricing import accelerator_problem
 
 from .errors import NoPrebuiltImageError, PreflightError
 from .images import (
