@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     data, source = resolve_data(args.data)
     if data == "sample":
         print(f"data: {source}", file=sys.stderr)
-    from nli_helpers.hardware import native_bf16
+    from nli_helpers.distributed import native_bf16
 
     info = device_info()
     shape = TINY if args.cpu_smoke else ROBERTA_BASE

@@ -64,8 +64,8 @@ class BatchCounter:
 
 
 def device_and_bf16() -> tuple[torch.device, bool]:
-    """The device, and whether it computes bf16 natively (not emulated, as on a T4: nli_helpers.hardware)."""
-    from nli_helpers.hardware import native_bf16
+    """The device, and whether it computes bf16 natively (not emulated, as on a T4: nli_helpers.distributed)."""
+    from nli_helpers.distributed import native_bf16
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return device, native_bf16(device)

@@ -10,8 +10,8 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     checkpoint, tracking,   exact resume; TensorBoard and the hypertune report; tokenising and length-grouped
     batching, model,        batches; model loading and prediction; scores; the sdist and the venv the trainer
     metrics, packaging      image would be
-    data, distributed,      labels, splits, sources; processes and ranks; GPU and precision; where notebook
-    hardware, notebook_runs runs go
+    data, distributed,      labels, splits, sources; processes, ranks, devices and precision; where notebook
+    notebook_runs           runs go
     storage, tables,        gs:// and local paths; reading one file; progress lines; the callback interface
     progress, callbacks
     config                  TrainConfig, profiles, errors

@@ -1,4 +1,5 @@
-"""torch.distributed set-up, from torchrun's environment or from Vertex AI's CLUSTER_SPEC.
+"""Processes, ranks and devices: torch.distributed set-up from torchrun's environment, the precision a device
+trains in, and whether the GPU a run needs is usable.
 
 Inside a training process (started by torchrun) call `init_distributed()`: it reads `RANK`,
 `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` and joins the process group (NCCL
@@ -7,27 +8,25 @@ touches nothing.
 
 On Vertex AI every replica starts one container. There `WORLD_SIZE` is the number of *nodes*
 and `RANK` the node's rank, not torchrun's per-process values, so the container must not call
-`init_process_group` directly: `python -m nli_helpers.launch -- <task args>` reads
-`CLUSTER_SPEC` with `cluster_layout()` below and starts torchrun, which sets the per-process
-variables correctly.
+`init_process_group` directly: `python -m nli_helpers.launch -- <task args>` reads `CLUSTER_SPEC`
+and starts torchrun, which sets the per-process variables correctly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .config import NLIError
+from .config import ConfigError, NLIError, TrainConfig
 
 # Vertex worker pools: 0 = chief (one replica), 1 = workers, 2 = Reduction Server, 3 = evaluators.
-TRAINING_POOLS = ("workerpool0", "workerpool1")
-REDUCTION_SERVER_POOL = "workerpool2"
-DEFAULT_MASTER_PORT = 29500
 
 
 class DistributedError(NLIError):
@@ -147,77 +146,131 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-# -- Vertex AI: CLUSTER_SPEC -> torchrun -------------------------------------------------------
-@dataclass(frozen=True)
-class ClusterLayout:
-    """What torchrun needs to know on this replica."""
-
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    role: str  # "chief", "worker", "reduction_server" or "evaluator"
+# -- devices: precision, and whether the GPU a run needs is usable ------------------------------------
+BF16_MIN_CAPABILITY = (8, 0)  # Ampere (sm80) and newer compute in bf16; older GPUs only emulate it
 
 
-def cluster_layout(cluster_spec: str | dict | None = None, env: dict | None = None) -> ClusterLayout:
-    """Work out nnodes / node rank / master from Vertex's CLUSTER_SPEC (or a single node without it).
+def cpu_supports_bf16() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
-    CLUSTER_SPEC looks like {"cluster": {"workerpool0": ["host:port"], "workerpool1": [...],
-    "workerpool2": [...]}, "task": {"type": "workerpool1", "index": 0}}. Training nodes are the
-    chief (pool 0) then the workers (pool 1); Reduction Server replicas (pool 2) are not torch
-    nodes: they run Google's reduction-server image and only aggregate gradients.
+
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware: a GPU of compute capability 8.0 or newer, or a CPU with AVX512-BF16/AMX.
+
+    Not `torch.cuda.is_bf16_supported()`: by default it also answers True for pre-Ampere GPUs (T4, V100),
+    where bf16 is emulated and several times slower than fp16 (`including_emulation=True`).
     """
-    env = os.environ if env is None else env
-    spec = cluster_spec if cluster_spec is not None else env.get("CLUSTER_SPEC")
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY
+    return cpu_supports_bf16()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """Turn `auto` into fp32/bf16/fp16 for this device; refuse what the hardware cannot do (well).
+
+    The rule: bf16 autocast on GPUs from compute capability 8.0 (A100, L4, H100) and on CPUs with
+    AVX512-BF16/AMX; fp16 with loss scaling on older GPUs (T4, V100); fp32 on other CPUs.
+    """
+    cuda = device.type == "cuda"
+    bf16_ok = native_bf16(device)
+    if requested == "auto":
+        return "bf16" if bf16_ok else ("fp16" if cuda else "fp32")
+    if requested == "bf16" and not bf16_ok:
+        where = (f"{device_name(device)}: bf16 runs natively from compute capability 8.0 (Ampere); here it would "
+                 "be emulated, several times slower than fp16" if cuda else "this CPU (it lacks AVX512-BF16/AMX)")
+        raise ConfigError(f"precision=bf16 is not supported on {where}; use --precision auto"
+                          + (" (fp16 with loss scaling here) or fp16" if cuda else " or fp32"))
+    if requested == "fp16" and not cuda:
+        raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 where "
+                          "supported) or fp32")
+    return requested
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+ALLOW_CPU_ENV = "NLI_ALLOW_CPU"  # = --allow-cpu, for environments that set it for every run (a local stand-in)
+
+
+class NoGPUError(NLIError):
+    """A run that needs a CUDA GPU found none."""
+
+
+def vertex_gpus(cluster_spec: str | None = None) -> tuple[str, int] | None:
+    """(GPU type, count) that this Vertex AI replica's worker pool asked for, from CLUSTER_SPEC; None elsewhere.
+
+    Vertex AI puts the job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string).
+    """
+    spec = os.environ.get("CLUSTER_SPEC") if cluster_spec is None else cluster_spec
     if not spec:
-        return ClusterLayout(1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
-                             int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)), "chief")
+        return None
     try:
-        spec = json.loads(spec) if isinstance(spec, str) else spec
-        cluster, task = spec["cluster"], spec["task"]
-        pool, index = task["type"], int(task.get("index", 0))
-        chief = cluster["workerpool0"][0]
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise DistributedError(f"CLUSTER_SPEC is malformed ({type(e).__name__}: {e}); expected "
-                               '{"cluster": {"workerpool0": ["host:port"], ...}, "task": {"type": ..., "index": ...}}') from e
-    host, _, port = chief.rpartition(":") if ":" in chief else (chief, "", "")
-    workers = len(cluster.get("workerpool1", []))
-    role = {"workerpool0": "chief", "workerpool1": "worker", REDUCTION_SERVER_POOL: "reduction_server"}.get(
-        pool, "evaluator")
-    node_rank = {"workerpool0": 0, "workerpool1": index + 1}.get(pool, -1)
-    return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role)
+        parsed = json.loads(spec)
+        job = json.loads(parsed["job"]) if isinstance(parsed.get("job"), str) else parsed.get("job") or {}
+        pools = job.get("worker_pool_specs") or job.get("workerPoolSpecs") or []
+        index = int(str(parsed["task"]["type"]).removeprefix("workerpool"))
+        machine = pools[index].get("machine_spec") or pools[index].get("machineSpec") or {}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    count = int(machine.get("accelerator_count") or machine.get("acceleratorCount") or 0)
+    gpu = machine.get("accelerator_type") or machine.get("acceleratorType")
+    return (gpu if isinstance(gpu, str) else "GPU", count) if count else None
 
 
-def processes_per_node() -> int:
-    """One process per visible GPU, or one on a CPU-only node."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+def why_no_cuda() -> str:
+    """The likeliest reason torch sees no CUDA device."""
+    if torch.version.cuda is None:
+        return f"this torch is a CPU-only build ({torch.__version__})"
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: docker run "
+                "--gpus all)")
+    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA {torch.version.cuda} "
+            "needs, or not on LD_LIBRARY_PATH (Vertex mounts it under /usr/local/nvidia/lib64)? nvidia-smi shows "
+            "the driver")
 
 
-def torchrun_has_shutdown_timeout() -> bool:
-    """torchrun takes --shutdown-timeout (newer torch); older ones always give workers 30 s after a SIGTERM."""
-    import dataclasses
+def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
+    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is torch.cuda.get_arch_list()
+    (['sm_75', ..., 'compute_120']): a cubin for X.y runs on X.z, z >= y; PTX runs on any newer GPU."""
+    sass = [(int(a[3:-1]), int(a[-1])) for a in arch_list if a.startswith("sm_") and a[3:].isdigit()]
+    ptx = [(int(a[8:-1]), int(a[-1])) for a in arch_list if a.startswith("compute_") and a[8:].isdigit()]
+    if any(m == capability[0] and n <= capability[1] for m, n in sass) or any(p <= capability for p in ptx):
+        return None
+    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for {', '.join(arch_list)} "
+            f"but the GPU is compute capability {capability[0]}.{capability[1]}: install a torch CUDA build that "
+            "covers it (docker/README.md, the table of builds)")
 
-    from torch.distributed.launcher.api import LaunchConfig
 
-    return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
-
-
-def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
-                     rendezvous_timeout_s: int = 1800, max_restarts: int = 0,
-                     shutdown_timeout_s: int | None = None) -> list[str]:
-    """The torchrun command line for this node (static rendezvous at the chief).
-
-    Vertex starts replicas minutes apart; the rendezvous timeout (default 30 min, torch's default
-    is 10) keeps early replicas waiting instead of failing the job. `shutdown_timeout_s`: how long
-    torchrun lets the trainers checkpoint after a SIGTERM before it kills them (where torch has it).
-    """
-    import sys
-
-    shutdown = ([f"--shutdown-timeout={shutdown_timeout_s}"]
-                if shutdown_timeout_s is not None and torchrun_has_shutdown_timeout() else [])
-    return [sys.executable, "-m", "torch.distributed.run",
-            f"--nnodes={layout.nnodes}", f"--node-rank={layout.node_rank}",
-            f"--nproc-per-node={nproc_per_node}",
-            f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
-            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}", *shutdown,
-            "--module", "nli_helpers.task", *task_args]
+def check_accelerator(cfg: TrainConfig, *, cuda_available: bool | None = None) -> None:
+    """Stop before anything is loaded when a run that needs a GPU has none: the `full` profile (roberta-base on
+    393k pairs would take days on a CPU), or a Vertex AI replica that asked for GPUs and cannot use them."""
+    if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1":
+        return
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if cuda:
+        problem = cuda_available is None and gpu_kernel_problem(torch.cuda.get_arch_list(),
+                                                                torch.cuda.get_device_capability())
+        if problem:
+            raise NoGPUError(problem)
+        return
+    asked = vertex_gpus()
+    if asked:
+        raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees no CUDA GPU: "
+                         f"{why_no_cuda()}. The job would train on the CPU at the GPU's price: fix the image "
+                         "(docker/README.md) or the accelerator spec, or pass "
+                         "--allow-cpu to run on the CPU anyway")
+    if cfg.profile == "full":
+        raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, and there is "
+                         f"none here: {why_no_cuda()}. Run it on a GPU machine (a Workbench GPU instance, or a "
+                         "Vertex AI job: notebook 04), use --profile smoke on this CPU, or pass --allow-cpu to "
+                         "train the full recipe on the CPU anyway (days)")

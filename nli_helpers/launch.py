@@ -4,7 +4,7 @@
     python -m nli_helpers.launch --nproc-per-node 2 -- --profile smoke  # two CPU processes here
     python -m nli_helpers.launch --dry-run -- --profile smoke           # print the command only
 
-It reads Vertex's CLUSTER_SPEC (see `distributed.cluster_layout`), chooses one process per visible
+It reads Vertex's CLUSTER_SPEC (see `cluster_layout` below), chooses one process per visible
 GPU (one on a CPU), and runs torchrun, which sets RANK / LOCAL_RANK / WORLD_SIZE for each process.
 On a Reduction Server replica it refuses: those run Google's own image.
 
@@ -21,6 +21,7 @@ when the trainers were preempted, and with torchrun's code otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -28,14 +29,102 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from .distributed import cluster_layout, processes_per_node, torchrun_command
+from .config import NLIError
 
 # Each trainer process that stops for a SIGTERM leaves a file in this folder (see task.main).
 PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
 RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE (not imported: this module must not load torch first)
 SHUTDOWN_TIMEOUT_S = 300
+
+
+TRAINING_POOLS = ("workerpool0", "workerpool1")
+REDUCTION_SERVER_POOL = "workerpool2"
+DEFAULT_MASTER_PORT = 29500
+
+
+class ClusterSpecError(NLIError):
+    """CLUSTER_SPEC is not what Vertex AI sets."""
+
+
+# -- Vertex AI: CLUSTER_SPEC -> torchrun -------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterLayout:
+    """What torchrun needs to know on this replica."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    role: str  # "chief", "worker", "reduction_server" or "evaluator"
+
+
+def cluster_layout(cluster_spec: str | dict | None = None, env: dict | None = None) -> ClusterLayout:
+    """Work out nnodes / node rank / master from Vertex's CLUSTER_SPEC (or a single node without it).
+
+    CLUSTER_SPEC looks like {"cluster": {"workerpool0": ["host:port"], "workerpool1": [...],
+    "workerpool2": [...]}, "task": {"type": "workerpool1", "index": 0}}. Training nodes are the
+    chief (pool 0) then the workers (pool 1); Reduction Server replicas (pool 2) are not torch
+    nodes: they run Google's reduction-server image and only aggregate gradients.
+    """
+    env = os.environ if env is None else env
+    spec = cluster_spec if cluster_spec is not None else env.get("CLUSTER_SPEC")
+    if not spec:
+        return ClusterLayout(1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
+                             int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)), "chief")
+    try:
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        cluster, task = spec["cluster"], spec["task"]
+        pool, index = task["type"], int(task.get("index", 0))
+        chief = cluster["workerpool0"][0]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise ClusterSpecError(f"CLUSTER_SPEC is malformed ({type(e).__name__}: {e}); expected "
+                               '{"cluster": {"workerpool0": ["host:port"], ...}, "task": {"type": ..., "index": ...}}') from e
+    host, _, port = chief.rpartition(":") if ":" in chief else (chief, "", "")
+    workers = len(cluster.get("workerpool1", []))
+    role = {"workerpool0": "chief", "workerpool1": "worker", REDUCTION_SERVER_POOL: "reduction_server"}.get(
+        pool, "evaluator")
+    node_rank = {"workerpool0": 0, "workerpool1": index + 1}.get(pool, -1)
+    return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role)
+
+
+def processes_per_node() -> int:
+    """One process per visible GPU, or one on a CPU-only node."""
+    import torch  # here, not at the top: the launcher itself never needs torch otherwise
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def torchrun_has_shutdown_timeout() -> bool:
+    """torchrun takes --shutdown-timeout (newer torch); older ones always give workers 30 s after a SIGTERM."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+
+
+def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
+                     rendezvous_timeout_s: int = 1800, max_restarts: int = 0,
+                     shutdown_timeout_s: int | None = None) -> list[str]:
+    """The torchrun command line for this node (static rendezvous at the chief).
+
+    Vertex starts replicas minutes apart; the rendezvous timeout (default 30 min, torch's default
+    is 10) keeps early replicas waiting instead of failing the job. `shutdown_timeout_s`: how long
+    torchrun lets the trainers checkpoint after a SIGTERM before it kills them (where torch has it).
+    """
+    import sys
+
+    shutdown = ([f"--shutdown-timeout={shutdown_timeout_s}"]
+                if shutdown_timeout_s is not None and torchrun_has_shutdown_timeout() else [])
+    return [sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={layout.nnodes}", f"--node-rank={layout.node_rank}",
+            f"--nproc-per-node={nproc_per_node}",
+            f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
+            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}", *shutdown,
+            "--module", "nli_helpers.task", *task_args]
 
 
 def main(argv: list[str] | None = None) -> int:

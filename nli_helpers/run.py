@@ -30,8 +30,15 @@ from .callbacks import TrainCallback
 from .checkpoint import checkpoint_root, latest_checkpoint
 from .config import NLIError, TrainConfig, batch_line
 from .data import load_nli_splits
-from .distributed import broadcast_from_main, device_for, init_distributed, on_main_process, shutdown_distributed
-from .hardware import check_accelerator, resolve_precision
+from .distributed import (
+    broadcast_from_main,
+    check_accelerator,
+    device_for,
+    init_distributed,
+    on_main_process,
+    resolve_precision,
+    shutdown_distributed,
+)
 from .metrics import summary_line
 from .model import count_parameters, load_model_and_tokenizer
 from .progress import quiet_library_bars

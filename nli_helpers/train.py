@@ -1,14 +1,11 @@
 """The training loop, in one function you can read top to bottom: `train`.
 
     >>> result = train(cfg, model, tokenizer, tokenized)        # tokenized: {"train": ..., "validation_matched": ...}
-    >>> result.metrics["validation_matched"]["accuracy"], result.history[-1]["loss"]
 
-AdamW (no decay on biases and LayerNorm), linear warmup then decay, autocast in the precision the hardware has
-(bf16, or fp16 with loss scaling), gradient accumulation and clipping, evaluation on every validation split, a
-per-step history, checkpoints, and a SIGTERM that ends in a checkpoint. Under torchrun the model is wrapped in
-DDP and `cfg.batch_size` is the global batch, split over the processes. The pieces around the loop live beside
-it: `checkpoint` (save, resume), `distributed` (ranks), `hardware` (precision), `progress` (bar or lines),
-`callbacks` (observers). `run.run_training` loads the data and model that a config names, calls `train`, saves.
+AdamW with decoupled weight decay, linear warmup then decay, autocast (bf16, or fp16 with loss scaling), gradient
+accumulation and clipping, evaluation on every validation split, checkpoints, and a SIGTERM that ends in one.
+Under torchrun the model is wrapped in DDP and `cfg.batch_size` is the global batch. `run.run_training` loads
+what a config names, calls `train`, saves.
 """
 
 from __future__ import annotations
@@ -31,8 +28,16 @@ from .batching import LengthGroupedBatchSampler
 from .callbacks import TrainCallback
 from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
 from .config import ConfigError, NLIError, TrainConfig, batch_split
-from .distributed import SINGLE_PROCESS, DistInfo, agree_after_step, all_gather_objects, all_reduce_sum, device_for
-from .hardware import autocast, resolve_precision
+from .distributed import (
+    SINGLE_PROCESS,
+    DistInfo,
+    agree_after_step,
+    all_gather_objects,
+    all_reduce_sum,
+    autocast,
+    device_for,
+    resolve_precision,
+)
 from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters
 from .progress import live_progress, log_line

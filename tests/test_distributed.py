@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nli_helpers.distributed import DistributedError, cluster_layout, torchrun_command
+from nli_helpers.launch import ClusterSpecError, cluster_layout, torchrun_command
 from tests.helpers import ROOT
 
 
@@ -42,7 +42,7 @@ def test_reduction_servers_are_not_torch_nodes():
 
 def test_no_cluster_spec_is_one_node_and_bad_spec_is_an_error():
     assert cluster_layout(None, env={}).nnodes == 1
-    with pytest.raises(DistributedError, match="CLUSTER_SPEC is malformed"):
+    with pytest.raises(ClusterSpecError, match="CLUSTER_SPEC is malformed"):
         cluster_layout('{"cluster": {}}')
 
 

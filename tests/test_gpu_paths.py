@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from localcloud.vertex import free_port
-from nli_helpers import hardware
+from nli_helpers import distributed
 from nli_helpers.config import ConfigError, make_config
 from tests.helpers import ROOT, run_task
 
@@ -36,11 +36,11 @@ def fake_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:
 ])
 def test_auto_precision_is_bf16_only_where_the_gpu_computes_it(monkeypatch, name, capability, auto):
     fake_gpu(monkeypatch, name, capability)
-    assert hardware.resolve_precision("auto", CUDA) == auto
+    assert distributed.resolve_precision("auto", CUDA) == auto
     if auto == "fp16":  # torch.cuda.is_bf16_supported() says True here: it counts emulation
         with pytest.raises(ConfigError, match=r"compute capability 7\.\d.*emulated, several times slower.*fp16"):
-            hardware.resolve_precision("bf16", CUDA)
-    assert hardware.resolve_precision("fp16", CUDA) == "fp16"
+            distributed.resolve_precision("bf16", CUDA)
+    assert distributed.resolve_precision("fp16", CUDA) == "fp16"
 
 
 # -- 2. no GPU, no `full` run ---------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
             "--max_train_samples", "16", "--job-dir", str(tmp_path / "job"))
     proc = run_task(*args, env=env)
     assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
-    assert hardware.vertex_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
+    assert distributed.vertex_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
     forced = run_task(*args, "--allow-cpu", env=env)
     assert forced.returncode == 0, forced.stderr[-2000:]
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForSequenceClassification
 
 from nli_helpers.callbacks import TrainCallback
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.hardware import resolve_precision
+from nli_helpers.distributed import resolve_precision
 from nli_helpers.model import predict
 from nli_helpers.run import run_training
 

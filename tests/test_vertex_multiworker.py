@@ -17,8 +17,8 @@ from localcloud import TRAINER_IMAGE
 from localcloud.vertex import cluster_spec, replica_names, vertex_env
 from nli_helpers import launch, vertex
 from nli_helpers.config import make_config
-from nli_helpers.distributed import cluster_layout, torchrun_command
-from nli_helpers.hardware import vertex_gpus
+from nli_helpers.distributed import vertex_gpus
+from nli_helpers.launch import cluster_layout, torchrun_command
 from nli_helpers.vertex import Machine, ReductionServer, pricing
 
 # Fixtures: fake_vertex, fake_vertex_runner (tests/fake_vertex.py over localcloud/).
