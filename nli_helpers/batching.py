@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterator
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from datasets import DatasetDict
 
@@ -109,6 +110,45 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         size = self.batch_size
         n = len(self.lengths)
         return n // size + (n % size >= self.num_replicas)
+
+
+class PaddedCollator:
+    """Pads a batch of a tokenised split, given by row numbers, into the tensors that transformers'
+    `DataCollatorWithPadding` gives for those rows (int64 `input_ids`, `token_type_ids` where the
+    tokenizer has them, `attention_mask`, `labels`), with no Python loop over the examples.
+
+    The split's token lists are kept as flat numpy arrays plus each row's start and length, so a
+    batch is a few array operations: a (rows x longest) grid of positions into the flat arrays,
+    filled with the pad value where a row has ended. Use it as a DataLoader's `collate_fn` over
+    row numbers: `DataLoader(range(len(split)), batch_sampler=..., collate_fn=PaddedCollator(...))`.
+    """
+
+    def __init__(self, split, tokenizer, pad_to_multiple_of: int | None = None):
+        table = split.with_format("arrow")[:]  # the rows as the split sees them (after select/shuffle)
+        pad = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0,
+               "token_type_ids": tokenizer.pad_token_type_id, "special_tokens_mask": 1}
+        self.pad = {name: value for name, value in pad.items() if name in table.column_names}
+        self.flat = {name: pc.list_flatten(table.column(name)).to_numpy() for name in self.pad}
+        self.lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.labels = table.column("label").to_numpy() if "label" in table.column_names else None
+        self.multiple, self.left = pad_to_multiple_of, tokenizer.padding_side == "left"
+
+    def __call__(self, rows) -> dict[str, torch.Tensor]:
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = self.lengths[rows][:, None]
+        width = int(lengths.max())
+        if self.multiple:
+            width = -(-width // self.multiple) * self.multiple
+        # Column j of a row holds its token j - shift: shift is the row's padding when padding on the left.
+        token = np.arange(width) - (width - lengths if self.left else 0)
+        real = (token >= 0) & (token < lengths)
+        where = np.where(real, self.starts[rows][:, None] + token, 0)
+        batch = {name: torch.from_numpy(np.where(real, self.flat[name][where], pad).astype(np.int64))
+                 for name, pad in self.pad.items()}
+        if self.labels is not None:
+            batch["labels"] = torch.from_numpy(self.labels[rows].astype(np.int64))
+        return batch
 
 
 def padding_stats(lengths: list[int] | np.ndarray, batches: list[np.ndarray]) -> dict[str, float]:
