@@ -167,12 +167,10 @@ def apply_variant(runner: str, variant: str) -> None:
 
 
 def _foreach_optimizer(model, cfg, device):
-    from nli_helpers.train import NO_DECAY
+    from nli_helpers.train import decay_groups
 
-    decay = [p for n, p in model.named_parameters() if not any(x in n for x in NO_DECAY)]
-    no_decay = [p for n, p in model.named_parameters() if any(x in n for x in NO_DECAY)]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate, foreach=True)
+    groups = decay_groups(model, cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
 
 
 # -- scoring ---------------------------------------------------------------------------------------

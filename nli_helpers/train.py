@@ -2,7 +2,7 @@
 
     >>> result = train(cfg, model, tokenizer, tokenized)        # tokenized: {"train": ..., "validation_matched": ...}
 
-AdamW with decoupled weight decay, linear warmup then decay, autocast (bf16, or fp16 with loss scaling), gradient
+AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with loss scaling), gradient
 accumulation and clipping, evaluation on every validation split, checkpoints, and a SIGTERM that ends in one.
 Under torchrun the model is wrapped in DDP and `cfg.batch_size` is the global batch. `run.run_training` loads
 what a config names, calls `train`, saves.
@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
+from transformers import get_linear_schedule_with_warmup, set_seed
 
-from .batching import LengthGroupedBatchSampler
+from .batching import LengthGroupedBatchSampler, PaddedCollator
 from .callbacks import TrainCallback
 from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
 from .config import ConfigError, NLIError, TrainConfig, batch_split
@@ -42,7 +42,6 @@ from .metrics import classification_scores, majority_baseline, summary_line
 from .model import count_parameters
 from .progress import live_progress, log_line
 
-NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias")
 # The exit code after a SIGTERM (Spot preemption, VM maintenance) once the checkpoint is saved. Vertex AI shuts a job
 # down for good when a replica exits with a "user code exception", except for the exit codes it calls possibly
 # transient, after which it restarts the job (up to three times): SIGABRT's 134 and SIGSEGV's 139 in a custom
@@ -101,8 +100,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     model.to(device).train()
     net = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[info.local_rank] if device.type == "cuda" else None) if info.enabled else model
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
-    loader = make_train_loader(tokenized["train"], cfg, collator, device, num_replicas=info.world_size, rank=info.rank)
+    loader = make_train_loader(tokenized["train"], cfg, tokenizer, device,
+                               num_replicas=info.world_size, rank=info.rank)
     if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken: the loop would never end
         raise ConfigError(f"grad_accum_steps={cfg.grad_accum_steps} is more than the {len(loader)} micro-batch(es) "
                           f"of an epoch here ({len(tokenized['train'])} training pairs, batch_size="
@@ -123,7 +122,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         log.message(f"resumed from {resume_from} at step {state.step}")
 
     def evaluate_now() -> None:
-        scores = {name: score_split(model, split, collator, device, precision, cfg.eval_batch_size, info)[0]
+        scores = {name: score_split(model, split, tokenizer, device, precision, cfg.eval_batch_size, info)[0]
                   for name, split in evals.items()}
         state.eval_history.append({"step": state.step, "epoch": state.epoch, **scores})
         log.evaluated(state, len(loader), scores)
@@ -224,12 +223,8 @@ def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) ->
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases and LayerNorm; fused kernels where torch has them."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if any(n in name for n in NO_DECAY) else decay).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW, decaying matrices only (`decay_groups`); fused kernels where torch has them."""
+    groups = decay_groups(model, cfg.weight_decay)
     # Fused: one pass over weights, gradients and both moments, on CUDA and (torch >= 2.4) the CPU;
     # on the CPU here the step of MiniLM-L6 takes 13 ms instead of 77 with foreach (benchmarks/README.md).
     try:
@@ -238,24 +233,39 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
 
 
-def make_train_loader(dataset, cfg: TrainConfig, collator, device: torch.device, *,
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups by shape, as nanoGPT does: matrices (dim >= 2: linear and embedding
+    weights) decay; vectors (biases, LayerNorm and RMSNorm weights) do not. Names would miss a norm
+    called `final_norm.weight` or `ln_f.weight`; shapes catch every architecture."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device, *,
                       num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
-    """Length-grouped global batches; each rank takes its share (`batch_size` is the global batch)."""
+    """Length-grouped global batches; each rank takes its share (`batch_size` is the global batch).
+    The loader hands out row numbers and `PaddedCollator` pads a whole batch of them at once."""
     batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
     sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps, seed=cfg.seed,
                                         group_by_length=cfg.group_by_length, num_replicas=num_replicas, rank=rank)
     return torch.utils.data.DataLoader(
-        dataset.remove_columns([c for c in ("genre", "length") if c in dataset.column_names]),
-        batch_sampler=sampler, collate_fn=collator, num_workers=cfg.num_workers,
+        range(len(dataset)), batch_sampler=sampler, num_workers=cfg.num_workers,
+        collate_fn=padded_collator(dataset, tokenizer, device),
         # Its own generator: a new epoch's iterator must not draw from the global RNG that dropout
         # uses, or a resumed run would see other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
 
 
+def padded_collator(dataset, tokenizer, device: torch.device) -> PaddedCollator:
+    """Batches padded to their longest pair; on a GPU to a multiple of 8 (what tensor cores take)."""
+    return PaddedCollator(dataset, tokenizer, 8 if device.type == "cuda" else None)
+
+
 @torch.inference_mode()
-def score_split(model, dataset, collator, device: torch.device, precision: str = "fp32", batch_size: int = 128,
-                info: DistInfo = SINGLE_PROCESS) -> tuple[dict, np.ndarray]:
+def score_split(model, dataset, tokenizer, device: torch.device, precision: str = "fp32",
+                batch_size: int = 128, info: DistInfo = SINGLE_PROCESS) -> tuple[dict, np.ndarray]:
     """Scores on a tokenised split and the predicted label ids in the split's order.
 
     Batches are formed in length order (far less padding), then predictions are put back in place, so every
@@ -263,11 +273,12 @@ def score_split(model, dataset, collator, device: torch.device, precision: str =
     """
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
-    inputs = dataset.remove_columns([c for c in ("genre", "length", "label") if c in dataset.column_names])
+    collate = padded_collator(dataset, tokenizer, device)
     preds = np.full(len(dataset), -1, dtype=np.int64)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        batch = {k: v.to(device, non_blocking=True) for k, v in collator(inputs[idx.tolist()]).items()}
+        inputs = {k: v for k, v in collate(idx).items() if k != "labels"}  # no loss to compute
+        batch = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
         with autocast(precision, device):
             preds[idx] = model(**batch).logits.argmax(-1).cpu().numpy()
     if info.enabled:

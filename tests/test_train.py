@@ -162,3 +162,45 @@ def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_pat
     resumed, resumed_metrics = run("resumed", resume_from=six)
     assert resumed == timed
     assert resumed_metrics["validation_matched"] == timed_metrics["validation_matched"]
+
+
+class NormedNet(torch.nn.Module):
+    """Names the old substring rule missed: a ModernBERT-style `final_norm` and an `ln_f`."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8, bias=False))
+        self.final_norm = torch.nn.LayerNorm(8)
+        self.ln_f = torch.nn.RMSNorm(8)
+        self.head = torch.nn.Linear(8, 3)
+        self.frozen = torch.nn.Parameter(torch.zeros(3, 3), requires_grad=False)
+
+
+def test_weight_decay_goes_by_shape_not_name():
+    from nli_helpers.train import build_optimizer
+
+    model = NormedNet()
+    cfg = make_config("smoke", weight_decay=0.1)
+    decay, no_decay = build_optimizer(model, cfg, torch.device("cpu")).param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    skipped = {names[id(p)] for p in no_decay["params"]}
+    assert {"final_norm.weight", "final_norm.bias", "ln_f.weight"} <= skipped
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert linear | {"embed.weight"} == decayed
+    # A partition of the trainable parameters: each in exactly one group, the frozen one in none.
+    grouped = [id(p) for group in (decay, no_decay) for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+
+
+def test_bert_keeps_the_groups_it_had_by_name(tiny_model_dir):
+    from nli_helpers.train import decay_groups
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    by_name = {n for n, _ in model.named_parameters() if "bias" in n or "LayerNorm" in n}
+    names = {id(p): n for n, p in model.named_parameters()}
+    _, no_decay = decay_groups(model, 0.01)
+    # The same groups as the old name rule gave: checkpoints written before resume as they were.
+    assert {names[id(p)] for p in no_decay["params"]} == by_name

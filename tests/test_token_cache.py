@@ -1,0 +1,141 @@
+"""The token cache: a split is tokenised once per content, tokenizer and max_length, then read back.
+
+Every test uses its own cache folder; a hit is asserted with `cache_hits` and a tokenizer that
+raises if it is called, never with a clock.
+"""
+
+import logging
+import threading
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from nli_helpers.batching import PaddedCollator, cache_key, tokenize_splits
+from nli_helpers.checkpoint import data_fingerprint
+from nli_helpers.model import minilm_path
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def entries(folder) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.arrow"))
+
+
+def test_the_second_call_reads_the_cache(sample_splits, tokenizer, tmp_path, monkeypatch):
+    first = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=tmp_path)
+    assert first.cache_hits == {name: False for name in sample_splits}
+    assert len(entries(tmp_path)) == len(sample_splits)  # one file per split
+
+    def called(*args, **kwargs):
+        raise AssertionError("the tokenizer ran: this should have been a cache hit")
+
+    monkeypatch.setattr(type(tokenizer), "__call__", called)
+    again = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=tmp_path)
+    assert again.cache_hits == {name: True for name in sample_splits}
+    assert len(entries(tmp_path)) == len(sample_splits)
+
+
+def test_cached_splits_are_the_fresh_ones(sample_splits, tokenizer, tmp_path):
+    fresh = tokenize_splits(sample_splits, tokenizer, 64, use_cache=False)
+    tokenize_splits(sample_splits, tokenizer, 64, cache_dir=tmp_path)
+    cached = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=tmp_path)
+    assert all(cached.cache_hits.values()) and not any(fresh.cache_hits.values())
+    left_over = [f for f in tmp_path.iterdir() if f.suffix not in (".arrow", ".lock")]
+    assert entries(tmp_path) and not left_over  # no temporary file left behind
+    for name in sample_splits:
+        assert cached[name].features == fresh[name].features
+        assert cached[name].to_dict() == fresh[name].to_dict()
+        # A resume compares this fingerprint: a cached run continues a fresh one.
+        assert data_fingerprint(cached[name]) == data_fingerprint(fresh[name])
+        rows = list(range(0, len(fresh[name]), 3))
+        ours = PaddedCollator(cached[name], tokenizer)(rows)
+        theirs = PaddedCollator(fresh[name], tokenizer)(rows)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_another_max_length_tokenizer_or_text_is_another_entry(sample_splits, tokenizer, tmp_path):
+    train = {"train": sample_splits["train"]}
+    tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path)
+    assert not tokenize_splits(train, tokenizer, 32, cache_dir=tmp_path).cache_hits["train"]
+    premises = list(train["train"]["premise"])
+    premises[7] += "!"  # one character of one pair
+    edited = {"train": train["train"].remove_columns("premise").add_column("premise", premises)}
+    assert not tokenize_splits(edited, tokenizer, 64, cache_dir=tmp_path).cache_hits["train"]
+    fewer = {"train": sample_splits["train"].select(range(100))}
+    assert not tokenize_splits(fewer, tokenizer, 64, cache_dir=tmp_path).cache_hits["train"]
+    assert len(entries(tmp_path)) == 4
+    if minilm_path() is not None:
+        other = AutoTokenizer.from_pretrained(minilm_path())
+        assert not tokenize_splits(train, other, 64, cache_dir=tmp_path).cache_hits["train"]
+    assert tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path).cache_hits["train"]
+
+
+def test_the_key_is_the_tokenizer_not_its_name_or_last_call(sample_splits, tokenizer, tmp_path):
+    split = sample_splits["train"]
+    key = cache_key(split, tokenizer, 64)
+    tokenizer("a b", "c", truncation=True, max_length=8, padding="max_length")  # leaves these set
+    assert cache_key(split, tokenizer, 64) == key
+    copy = tmp_path / "copy"
+    tokenizer.save_pretrained(copy)  # the same tokenizer under another name
+    assert cache_key(split, AutoTokenizer.from_pretrained(copy), 64) == key
+    cased = AutoTokenizer.from_pretrained(copy, do_lower_case=False)
+    assert cache_key(split, cased, 64) != key
+    left = AutoTokenizer.from_pretrained(copy, truncation_side="left")
+    assert cache_key(split, left, 64) != key
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "fewer rows"])
+def test_a_damaged_entry_is_rebuilt(sample_splits, tokenizer, tmp_path, caplog, damage):
+    train = {"train": sample_splits["train"]}
+    fresh = tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path)["train"].to_dict()
+    [path] = tmp_path.glob("*.arrow")
+    size = path.stat().st_size
+    if damage == "fewer rows":  # a whole, readable Arrow file, of the first 10 rows only
+        first = {"train": sample_splits["train"].select(range(10))}
+        tokenize_splits(first, tokenizer, 64, cache_dir=tmp_path / "first")
+        next((tmp_path / "first").glob("*.arrow")).replace(path)
+    else:
+        data = path.read_bytes()
+        damaged = {"truncated": data[: size // 2], "empty": b"", "garbage": b"\x00not arrow" * 99}
+        path.write_bytes(damaged[damage])
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.batching"):
+        rebuilt = tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path)
+    assert rebuilt.cache_hits == {"train": False} and rebuilt["train"].to_dict() == fresh
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "is damaged" in message and "tokenising again" in message and "\n" not in message
+    assert damage != "fewer rows" or "10 rows instead of" in message
+    assert path.stat().st_size == size
+    assert tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path).cache_hits == {"train": True}
+
+
+def test_ranks_at_once_tokenise_once(sample_splits, tokenizer, tmp_path):
+    results = []
+
+    def rank():
+        results.append(tokenize_splits(sample_splits, tokenizer, 64, cache_dir=tmp_path))
+
+    threads = [threading.Thread(target=rank) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    hits = [r.cache_hits["train"] for r in results]
+    assert sorted(hits) == [False, True, True]  # one tokenised; the others waited, then read it
+    assert all(r["train"].to_dict() == results[0]["train"].to_dict() for r in results)
+
+
+def test_where_the_cache_lives(sample_splits, tokenizer, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("NLI_CACHE_DIR", str(tmp_path / "root"))
+    tokenize_splits(sample_splits, tokenizer, 64)
+    assert len(entries(tmp_path / "root" / "tokens")) == len(sample_splits)
+    tokenize_splits(sample_splits, tokenizer, 48, use_cache=False)
+    assert len(entries(tmp_path / "root" / "tokens")) == len(sample_splits)  # nothing written
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.batching"):
+        result = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=blocked)
+    assert not any(result.cache_hits.values()) and "tokenising without it" in caplog.text
