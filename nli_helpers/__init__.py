@@ -5,15 +5,14 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 
     task, launch            the commands a job runs: train + evaluate; torchrun on a Vertex cluster
     run                     one training run, saved (local or gs://)
-    train | vertex/         the loop in one function | Vertex AI jobs, the [vertex] extra (never imported
-                            by the trainer)
-    checkpoint, tracking,   exact resume; TensorBoard and the hypertune report; tokenising and length-grouped
-    batching, model,        batches; model loading and prediction; scores; the sdist and the venv the trainer
-    metrics, packaging      image would be
-    data, distributed,      labels, splits, sources; processes, ranks, devices and precision; where notebook
-    notebook_runs           runs go
-    storage, tables,        gs:// and local paths; reading one file; progress lines; the callback interface
-    progress, callbacks
+    tracking                TensorBoard and the hypertune report (callbacks of the loop)
+    train | vertex/         the loop, its scores and logging | Vertex AI jobs, the [vertex] extra (never
+                            imported by the trainer)
+    checkpoint, batching,   exact resume; tokenising and length-grouped batches; loading and predicting;
+    model, packaging        the sdist and the venv the trainer image would be
+    data, distributed,      labels, splits, sources; processes, ranks, devices and precision; where
+    notebook_runs           notebook runs go
+    storage, tables         gs:// and local paths; reading one file
     config                  TrainConfig, profiles, errors
 
 Heavy libraries (torch, transformers) load when you import those modules, not here.

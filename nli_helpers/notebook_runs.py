@@ -1,14 +1,16 @@
-"""Where the notebooks keep their runs: the project's git-ignored `runs/` (or `$NLI_RUNS_DIR`).
-
-Several notebooks share these three functions: 02 saves a run, 04 and 06 find the newest one. Running the notebooks
+"""What several notebooks share: where runs go (the project's git-ignored `runs/`, or `$NLI_RUNS_DIR`),
+the newest finished run, and a run's scores as a table. Running the notebooks
 headlessly is papermill's own CLI (`make demo` shows the command; notebooks/README.md explains it).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+
+import pandas as pd
 
 from .config import NLIError
 
@@ -55,3 +57,22 @@ def latest_run(prefix: str = "finetune", root: str | Path | None = None, *,
         raise NLIError(f"no finished {prefix} run under {runs_dir(root)}: run notebooks/02_finetune_local.ipynb "
                        "first (it writes metrics.json at its end), or name the run folder yourself")
     return max(found, key=lambda path: path.stat().st_mtime).parent if found else None
+
+
+def scores_table(metrics: Mapping[str, dict], baseline: Mapping[str, dict] | None = None
+                 ) -> pd.DataFrame:
+    """One row per validation split of a run's metrics.json (notebooks 02 and 04): pairs, accuracy,
+    macro-F1, and the majority baseline, the ECE or another model's accuracy where given."""
+    majority, rows = metrics.get("majority_baseline", {}), {}
+    for name, scores in metrics.items():
+        if not isinstance(scores, dict) or "accuracy" not in scores or name == "train":
+            continue
+        row = {"pairs": scores["n"], "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"]}
+        if "ece" in scores:
+            row["ece"] = scores["ece"]
+        if name in majority:
+            row["majority_baseline"] = majority[name]
+        if baseline and name in baseline:
+            row["hypothesis_only_accuracy"] = baseline[name]["accuracy"]
+        rows[name] = row
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -26,7 +26,6 @@ from transformers import set_seed
 
 from . import storage
 from .batching import tokenize_splits
-from .callbacks import TrainCallback
 from .checkpoint import checkpoint_root, latest_checkpoint
 from .config import NLIError, TrainConfig, batch_line
 from .data import load_nli_splits
@@ -39,11 +38,9 @@ from .distributed import (
     resolve_precision,
     shutdown_distributed,
 )
-from .metrics import summary_line
-from .model import count_parameters, load_model_and_tokenizer
-from .progress import quiet_library_bars
+from .model import load_model_and_tokenizer
 from .tracking import default_callbacks
-from .train import TrainResult, sigterm_requests, train
+from .train import TrainCallback, TrainResult, quiet_library_bars, sigterm_requests, summary_line, train
 
 
 def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
@@ -80,7 +77,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks, 
     model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
     if verbose:
         print(f"data: {splits.report}")
-        print(f"model: {cfg.model_name} ({count_parameters(model) / 1e6:.1f}M parameters) on {device}, {precision}")
+        print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) on {device}, {precision}")
         print(batch_line(cfg, info.world_size))
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
     resume = cfg.resume

@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import storage
-from .callbacks import TrainCallback
 from .config import ConfigError, TrainConfig
+from .train import TrainCallback
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
 """The training loop, in one function you can read top to bottom: `train`.
 
-    >>> result = train(cfg, model, tokenizer, tokenized)        # tokenized: {"train": ..., "validation_matched": ...}
+    >>> result = train(cfg, model, tokenizer, tokenized)  # {"train": ..., "validation_...": ...}
 
-AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with loss scaling), gradient
-accumulation and clipping, evaluation on every validation split, checkpoints, and a SIGTERM that ends in one.
-Under torchrun the model is wrapped in DDP and `cfg.batch_size` is the global batch. `run.run_training` loads
-what a config names, calls `train`, saves.
+AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
+loss scaling), gradient accumulation and clipping, evaluation on every validation split,
+checkpoints, and a SIGTERM that ends in one. Under torchrun the model is wrapped in DDP and
+`cfg.batch_size` is the global batch. Below the loop: the step, the loaders, the scores, the log.
+`run.run_training` loads what a config names, calls `train` and saves.
 """
 
 from __future__ import annotations
@@ -14,54 +15,56 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
+from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
+from . import distributed as dist
 from .batching import LengthGroupedBatchSampler, PaddedCollator
-from .callbacks import TrainCallback
 from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
 from .config import ConfigError, NLIError, TrainConfig, batch_split
-from .distributed import (
-    SINGLE_PROCESS,
-    DistInfo,
-    agree_after_step,
-    all_gather_objects,
-    all_reduce_sum,
-    autocast,
-    device_for,
-    resolve_precision,
-)
-from .metrics import classification_scores, majority_baseline, summary_line
-from .model import count_parameters
-from .progress import live_progress, log_line
+from .data import LABELS
 
-# The exit code after a SIGTERM (Spot preemption, VM maintenance) once the checkpoint is saved. Vertex AI shuts a job
-# down for good when a replica exits with a "user code exception", except for the exit codes it calls possibly
-# transient, after which it restarts the job (up to three times): SIGABRT's 134 and SIGSEGV's 139 in a custom
-# container ("Handle common errors",
-# https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service). A preempted replica is
-# restarted anyway; this code makes sure that the replicas which stop with it (every rank stops at the same step)
-# are retried too, instead of failing the job. `python -m nli_helpers.launch` exits with it as well.
+# After a SIGTERM and a saved checkpoint, exit with a code Vertex AI retries: in a custom
+# container it restarts a job (up to three times) after 134 or 139 only, so every rank that
+# stops with a preempted one is retried too ("Handle common errors",
+# https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service).
 RESTARTABLE_EXIT_CODE = 134
 
 
 class StoppedWithoutCheckpoint(NLIError):
-    """SIGTERM arrived and no checkpoint could be written (--keep_checkpoints 0): not worth a retry."""
+    """SIGTERM arrived and no checkpoint could be written (--keep_checkpoints 0): no retry."""
 
-    exit_code = 143  # 128 + SIGTERM: a permanent failure for Vertex AI, which retries only 134/139
+    exit_code = 143  # 128 + SIGTERM: permanent for Vertex AI, which retries only 134/139
 
 
 class Preempted(NLIError):
-    """SIGTERM arrived (Spot preemption, VM maintenance): a checkpoint was saved, rerun with --resume auto."""
+    """SIGTERM arrived (Spot preemption, VM maintenance) and a checkpoint was saved."""
 
     exit_code = RESTARTABLE_EXIT_CODE
+
+
+class TrainCallback:
+    """Observers of a run (TensorBoard, the hypertune report: `tracking`), called on the main
+    process with plain Python values. Override the hooks you need."""
+
+    def on_log(self, rows: list[dict]) -> None:
+        """Rows per step since the last log: step, epoch, loss, lr (the last: examples_per_s)."""
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        """Scores per validation split after an evaluation."""
+
+    def on_train_end(self, metrics: dict) -> None:
+        """The final metrics, before they are saved."""
 
 
 @dataclass
@@ -76,54 +79,55 @@ class TrainResult:
 
 @dataclass
 class LoopState:
-    """Where the loop is: what a checkpoint saves besides the weights, optimizer, schedule and RNG."""
+    """Where the loop is: what a checkpoint saves besides weights, optimizer, schedule and RNG."""
 
     step: int = 0  # optimizer steps applied
     epoch: int = 0
     batches_done: int = 0  # micro-batches of the current epoch
     skipped_steps: int = 0  # fp16 steps the grad scaler skipped
-    history: list[dict] = field(default_factory=list)  # a row per step: step, epoch, loss, lr (+ throughput)
+    history: list[dict] = field(default_factory=list)  # per step: step, epoch, loss, lr
     eval_history: list[dict] = field(default_factory=list)
 
 
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
-          info: DistInfo = SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
+          info: dist.DistInfo = dist.SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
           checkpoint_root: str | None = None, resume_from: str | None = None,
           clock: Callable[[], float] = time.monotonic) -> TrainResult:
-    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split; checkpoints go under
-    `checkpoint_root` (each epoch end, every `cfg.checkpoint_every` steps, on SIGTERM, and once
-    `cfg.checkpoint_every_minutes` have passed on `clock` since the last one); `resume_from`
-    continues a checkpoint exactly."""
-    device = device or device_for(info)
-    precision = resolve_precision(cfg.precision, device)
+    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split. Checkpoints go
+    under `checkpoint_root`: at each epoch end, every `cfg.checkpoint_every` steps, on SIGTERM, and
+    once `cfg.checkpoint_every_minutes` have passed on `clock`. `resume_from` continues one."""
+    device = device or dist.device_for(info)
+    precision = dist.resolve_precision(cfg.precision, device)
     set_seed(cfg.seed)
     model.to(device).train()
-    net = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[info.local_rank] if device.type == "cuda" else None) if info.enabled else model
+    ids = [info.local_rank] if device.type == "cuda" else None
+    net = torch.nn.parallel.DistributedDataParallel(model, ids) if info.enabled else model
     loader = make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
-    if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken: the loop would never end
-        raise ConfigError(f"grad_accum_steps={cfg.grad_accum_steps} is more than the {len(loader)} micro-batch(es) "
-                          f"of an epoch here ({len(tokenized['train'])} training pairs, batch_size="
-                          f"{cfg.batch_size}): lower grad_accum_steps, or use more data")
+    if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken
+        raise ConfigError(f"grad_accum_steps={cfg.grad_accum_steps} is more than the {len(loader)} "
+                          f"micro-batch(es) of an epoch here ({len(tokenized['train'])} training "
+                          f"pairs, batch_size={cfg.batch_size}): lower grad_accum_steps, or use "
+                          "more data")
     total_steps = max(1, math.ceil(cfg.epochs * (len(loader) // cfg.grad_accum_steps)))
     optimizer = build_optimizer(model, cfg, device)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps),
+                                                total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
     state = LoopState()
-    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None  # the resume check's data
+    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None
     if resume_from:
-        state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg, info, device,
-                                            precision, fingerprint))
+        state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg,
+                                            info, device, precision, fingerprint))
     log = TrainLog(cfg, info, total_steps, state, callbacks)
     timer = CheckpointTimer(cfg.checkpoint_every_minutes, clock)
     if resume_from:
         log.message(f"resumed from {resume_from} at step {state.step}")
 
     def evaluate_now() -> None:
-        scores = {name: score_split(model, split, tokenizer, device, precision, cfg.eval_batch_size, info)[0]
-                  for name, split in evals.items()}
+        scores = {name: score_split(model, split, tokenizer, device, precision, cfg.eval_batch_size,
+                                    info)[0] for name, split in evals.items()}
         state.eval_history.append({"step": state.step, "epoch": state.epoch, **scores})
         log.evaluated(state, len(loader), scores)
 
@@ -131,9 +135,10 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         if not checkpoint_root or cfg.keep_checkpoints < 1:
             return None
         timer.restart()
-        log.flush(state, len(loader))  # the history is complete, and a non-finite loss stops us before we save
-        return save_training(checkpoint_root, cfg.keep_checkpoints, state.step, model, optimizer, scheduler, scaler,
-                             asdict(state), cfg, info, device, precision, fingerprint)
+        log.flush(state, len(loader))  # a complete history; a non-finite loss stops before a save
+        return save_training(checkpoint_root, cfg.keep_checkpoints, state.step, model, optimizer,
+                             scheduler, scaler, asdict(state), cfg, info, device, precision,
+                             fingerprint)
 
     start = time.perf_counter()
     with sigterm_requests() as stop:
@@ -144,16 +149,16 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 state.batches_done += 1
                 log.count(batch)
                 accumulating = state.batches_done % cfg.grad_accum_steps != 0
-                # DDP all-reduces gradients on every backward unless told not to: only on the last micro-batch.
+                # DDP all-reduces gradients on every backward unless told not to: only on the last.
                 with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
                     batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                    with autocast(precision, device):
+                    with dist.autocast(precision, device):
                         loss = net(**batch).loss / cfg.grad_accum_steps
                     scaler.scale(loss).backward()
                 if accumulating:
                     continue
                 lr = optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
-                if lr is None:  # fp16: the scaler skipped this step, which moves neither the schedule nor the count
+                if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
                     state.skipped_steps += 1
                     continue
                 state.step += 1
@@ -167,47 +172,54 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                     checkpoint_now()
                 if last:
                     break
-                # One collective: every rank stops at the same step, and checkpoints when
-                # rank 0's clock says so (each rank's own clock would say so at another step).
-                stopping, due = agree_after_step(stop.requested, timer.due(), info)
+                # One collective: every rank stops at the same step, and checkpoints when rank 0's
+                # clock says so (each rank's own clock would say so at another step).
+                stopping, due = dist.agree_after_step(stop.requested, timer.due(), info)
                 if stopping:
-                    path = checkpoint_now()
-                    if path is None:
-                        raise StoppedWithoutCheckpoint(
-                            f"stopped by SIGTERM after step {state.step}{stop.since()}, with no checkpoint to resume "
-                            f"from (--keep_checkpoints {cfg.keep_checkpoints}"
-                            f"{'' if checkpoint_root else ', no checkpoint dir'}): a restart would start from step "
-                            "0, so this exit is one Vertex AI does not retry. Keep checkpoints (the default, 2) to "
-                            "make a preempted job resumable")
-                    raise Preempted(f"stopped by SIGTERM after step {state.step}; checkpoint saved to {path}"
-                                    f"{stop.since()}. Rerun with --resume auto to continue")
+                    stop_with_checkpoint(checkpoint_now(), state.step, stop, cfg, checkpoint_root)
                 # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
                 if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
                     minutes = timer.minutes()
                     if checkpoint_now():
                         log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
-                                    f"the last (--checkpoint_every_minutes "
+                                    "the last (--checkpoint_every_minutes "
                                     f"{cfg.checkpoint_every_minutes:g})")
             state.epoch, state.batches_done = state.epoch + 1, 0
-            if state.step < total_steps or not state.eval_history or state.eval_history[-1]["step"] != state.step:
+            evaluated = state.eval_history and state.eval_history[-1]["step"] == state.step
+            if state.step < total_steps or not evaluated:
                 evaluate_now()
             if state.step < total_steps:
                 checkpoint_now()
-        if stop.requested and checkpoint_now():  # the signal came during the final evaluation: keep the step
-            log.message(f"SIGTERM during the final evaluation{stop.since()}: checkpoint of step {state.step} saved; "
-                        "finishing the run")
+        if stop.requested and checkpoint_now():  # the signal came during the final evaluation
+            log.message(f"SIGTERM during the final evaluation{stop.since()}: checkpoint of step "
+                        f"{state.step} saved; finishing the run")
     log.close()
-    metrics = training_metrics(cfg, info, state, tokenized["train"], evals, time.perf_counter() - start,
-                               precision=precision, device=device, model=model)
+    metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
+                               time.perf_counter() - start, precision=precision, device=device,
+                               model=model)
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)
 
 
-# -- the pieces of a step ---------------------------------------------------------------------------------------
+def stop_with_checkpoint(path: str | None, step: int, stop, cfg: TrainConfig, root: str | None):
+    """End a run that SIGTERM stopped: resumable (exit 134) with a checkpoint, permanent without."""
+    if path is None:
+        raise StoppedWithoutCheckpoint(
+            f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
+            f"from (--keep_checkpoints {cfg.keep_checkpoints}"
+            f"{'' if root else ', no checkpoint dir'}): a restart would start from step 0, so this "
+            "exit is one Vertex AI does not retry. Keep checkpoints (the default, 2) to make a "
+            "preempted job resumable")
+    raise Preempted(f"stopped by SIGTERM after step {step}; checkpoint saved to {path}"
+                    f"{stop.since()}. Rerun with --resume auto to continue")
+
+
+# -- the pieces of a step --------------------------------------------------------------------------
 def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) -> float | None:
-    """Clip, step (through the fp16 grad scaler) and schedule; the learning rate used, or None when the scaler
-    skipped the step because of inf/NaN gradients (Trainer and accelerate then leave the schedule alone too)."""
+    """Clip, step (through the fp16 grad scaler) and schedule. Returns the learning rate used, or
+    None when the scaler skipped the step for inf/NaN gradients (the schedule then waits too, as in
+    Trainer and accelerate)."""
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -222,21 +234,18 @@ def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) ->
     return lr
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
     """AdamW, decaying matrices only (`decay_groups`); fused kernels where torch has them."""
     groups = decay_groups(model, cfg.weight_decay)
-    # Fused: one pass over weights, gradients and both moments, on CUDA and (torch >= 2.4) the CPU;
-    # on the CPU here the step of MiniLM-L6 takes 13 ms instead of 77 with foreach (benchmarks/README.md).
-    try:
+    try:  # fused: one pass over weights, gradients and both moments (CUDA, and CPU in torch >= 2.4)
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
     except RuntimeError:  # no fused kernel for this device or dtype
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW's parameter groups by shape, as nanoGPT does: matrices (dim >= 2: linear and embedding
-    weights) decay; vectors (biases, LayerNorm and RMSNorm weights) do not. Names would miss a norm
-    called `final_norm.weight` or `ln_f.weight`; shapes catch every architecture."""
+    """nanoGPT's rule: matrices (dim >= 2: linear and embedding weights) decay; vectors (biases,
+    norm weights) do not. Names would miss a norm called `final_norm.weight`; shapes do not."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -244,45 +253,46 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device, *,
                       num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
-    """Length-grouped global batches; each rank takes its share (`batch_size` is the global batch).
-    The loader hands out row numbers and `PaddedCollator` pads a whole batch of them at once."""
+    """Length-grouped global batches, each rank taking its share (`batch_size` is the global batch).
+    The loader hands out row numbers; `PaddedCollator` pads a whole batch of them at once."""
     batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
-    sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps, seed=cfg.seed,
-                                        group_by_length=cfg.group_by_length, num_replicas=num_replicas, rank=rank)
+    sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps,
+                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
+                                        num_replicas=num_replicas, rank=rank)
     return torch.utils.data.DataLoader(
         range(len(dataset)), batch_sampler=sampler, num_workers=cfg.num_workers,
         collate_fn=padded_collator(dataset, tokenizer, device),
-        # Its own generator: a new epoch's iterator must not draw from the global RNG that dropout
-        # uses, or a resumed run would see other dropout masks than an uninterrupted one.
+        # Its own generator: drawing from the global RNG that dropout uses would give a resumed run
+        # other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
 
 
 def padded_collator(dataset, tokenizer, device: torch.device) -> PaddedCollator:
-    """Batches padded to their longest pair; on a GPU to a multiple of 8 (what tensor cores take)."""
+    """Batches padded to their longest pair; on a GPU to a multiple of 8 (for tensor cores)."""
     return PaddedCollator(dataset, tokenizer, 8 if device.type == "cuda" else None)
 
 
+# -- evaluation and scores ------------------------------------------------------------------------
 @torch.inference_mode()
 def score_split(model, dataset, tokenizer, device: torch.device, precision: str = "fp32",
-                batch_size: int = 128, info: DistInfo = SINGLE_PROCESS) -> tuple[dict, np.ndarray]:
-    """Scores on a tokenised split and the predicted label ids in the split's order.
-
-    Batches are formed in length order (far less padding), then predictions are put back in place, so every
-    example counts exactly once. Under DDP each rank predicts an interleaved share and the shares are gathered.
-    """
+                batch_size: int = 128, info: dist.DistInfo = dist.SINGLE_PROCESS
+                ) -> tuple[dict, np.ndarray]:
+    """Scores on a tokenised split, and the predicted label ids in the split's order. Batches go in
+    length order (less padding) and predictions back in place; under DDP each rank predicts an
+    interleaved share and the shares are gathered, so every example counts exactly once."""
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
     collate = padded_collator(dataset, tokenizer, device)
     preds = np.full(len(dataset), -1, dtype=np.int64)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        inputs = {k: v for k, v in collate(idx).items() if k != "labels"}  # no loss to compute
-        batch = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
-        with autocast(precision, device):
-            preds[idx] = model(**batch).logits.argmax(-1).cpu().numpy()
+        batch = collate(idx)
+        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "labels"}
+        with dist.autocast(precision, device):
+            preds[idx] = model(**inputs).logits.argmax(-1).cpu().numpy()
     if info.enabled:
-        for rank_order, rank_preds in all_gather_objects((order, preds[order]), info):
+        for rank_order, rank_preds in dist.all_gather_objects((order, preds[order]), info):
             preds[rank_order] = rank_preds
     assert (preds >= 0).all(), "every example is predicted exactly once"
     genres = dataset["genre"] if "genre" in dataset.column_names else None
@@ -290,64 +300,138 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     return classification_scores(np.asarray(dataset["label"]), preds, genres), preds
 
 
-def training_metrics(cfg: TrainConfig, info: DistInfo, state: LoopState, train_split, evals: dict, seconds: float,
-                     *, precision: str, device: torch.device, model) -> dict:
-    """What metrics.json holds: the final scores per split, how training went, and the baselines."""
-    final = {k: v for k, v in state.eval_history[-1].items() if k not in ("step", "epoch")}
-    return {
-        **final,
-        "train": {"steps": state.step, "epochs": cfg.epochs, "seconds": seconds,
-                  "examples_per_s": state.step * cfg.batch_size / seconds, "processes": info.world_size,
-                  "global_batch": cfg.batch_size, "per_process_batch": batch_split(cfg, info.world_size),
-                  "grad_accum_steps": cfg.grad_accum_steps, "skipped_steps": state.skipped_steps,
-                  "examples": len(train_split), "mean_tokens": sum(train_split["length"]) / len(train_split),
-                  "final_loss": state.history[-1]["loss"] if state.history else None},
-        "majority_baseline": {name: majority_baseline(split["label"]) for name, split in evals.items()},
-        "precision": precision, "device": str(device), "parameters": count_parameters(model),
-        "eval_history": state.eval_history,
+def classification_scores(labels: Sequence[int], preds: Sequence[int],
+                          genres: Sequence[str] | None = None) -> dict:
+    """Accuracy, macro-F1, per-class scores, confusion matrix (and per-genre accuracy), as JSON."""
+    labels, preds = np.asarray(labels), np.asarray(preds)
+    if labels.shape != preds.shape:
+        raise ValueError(f"labels {labels.shape} and predictions {preds.shape} differ in length")
+    ids = list(range(len(LABELS)))
+    precision, recall, f1, support = precision_recall_fscore_support(labels, preds, labels=ids,
+                                                                     zero_division=0)
+    scores = {
+        "n": int(labels.size),
+        "accuracy": float((labels == preds).mean()) if labels.size else 0.0,
+        "macro_f1": float(f1.mean()),
+        "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                             "f1": float(f1[i]), "support": int(support[i])}
+                      for i, name in enumerate(LABELS)},
+        "confusion_matrix": confusion_matrix(labels, preds, labels=ids).tolist(),
     }
+    if genres is not None:
+        scores["per_genre"] = per_genre_accuracy(labels, preds, genres)
+    return scores
 
 
-# -- logging: losses stay on the device until a log step; a bar where someone watches, lines where logs go ---------
+def per_genre_accuracy(labels: Sequence[int], preds: Sequence[int], genres: Sequence[str]) -> dict:
+    hits, counts = defaultdict(int), defaultdict(int)
+    for y, p, g in zip(labels, preds, genres):
+        counts[g] += 1
+        hits[g] += int(y == p)
+    return {g: {"accuracy": hits[g] / counts[g], "n": counts[g]} for g in sorted(counts)}
+
+
+def majority_baseline(labels: Sequence[int]) -> float:
+    """Accuracy of always predicting the most frequent label: the floor a model must beat."""
+    counts = np.bincount(np.asarray(labels), minlength=len(LABELS))
+    return float(counts.max() / counts.sum()) if counts.sum() else 0.0
+
+
+def summary_line(split_scores: dict[str, dict]) -> str:
+    """`validation_matched acc 0.812 F1 0.809 | ...` for logs."""
+    return " | ".join(f"{name} acc {s['accuracy']:.3f} F1 {s['macro_f1']:.3f}"
+                      for name, s in split_scores.items())
+
+
+def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: LoopState, train_split,
+                     evals: dict, seconds: float, *, precision: str, device: torch.device,
+                     model) -> dict:
+    """What metrics.json holds: the final scores per split, how training went, the baselines."""
+    final = {k: v for k, v in state.eval_history[-1].items() if k not in ("step", "epoch")}
+    run = {"steps": state.step, "epochs": cfg.epochs, "seconds": seconds,
+           "examples_per_s": state.step * cfg.batch_size / seconds, "processes": info.world_size,
+           "global_batch": cfg.batch_size, "per_process_batch": batch_split(cfg, info.world_size),
+           "grad_accum_steps": cfg.grad_accum_steps, "skipped_steps": state.skipped_steps,
+           "examples": len(train_split),
+           "mean_tokens": sum(train_split["length"]) / len(train_split),
+           "final_loss": state.history[-1]["loss"] if state.history else None}
+    return {**final, "train": run,
+            "majority_baseline": {name: majority_baseline(s["label"]) for name, s in evals.items()},
+            "precision": precision, "device": str(device),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "eval_history": state.eval_history}
+
+
+# -- logging: losses stay on the device until a log step. A live bar where someone watches (a
+# terminal, a Jupyter kernel); plain lines where output is collected (a file, Cloud Logging, which
+# stores each line as an entry: a redrawn bar there is noise).
+def live_progress(stream=None) -> bool:
+    """Whether a redrawn bar can be seen: a terminal, or a Jupyter kernel (tqdm's widget)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or fake stream
+        tty = False
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return tty or (bool(shell) and "IPKernelApp" in getattr(shell, "config", {}))
+
+
+def quiet_library_bars() -> None:
+    """Switch off the bars of datasets and transformers where nobody watches them."""
+    if not live_progress():
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def log_line(text: str) -> None:
+    print(text, file=sys.stdout, flush=True)  # flushed: a collected log has it at once
+
+
 class TrainLog:
-    def __init__(self, cfg: TrainConfig, info: DistInfo, total_steps: int, state: LoopState,
+    def __init__(self, cfg: TrainConfig, info: dist.DistInfo, total_steps: int, state: LoopState,
                  callbacks: Sequence[TrainCallback]):
         self.cfg, self.info, self.total_steps = cfg, info, total_steps
         self.callbacks = list(callbacks) if info.is_main else []
         self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on the device)
         self.window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
-        # A live bar in a terminal or notebook; plain lines where output is collected (a file, Cloud Logging).
         self.lines = cfg.progress and info.is_main and not live_progress()
-        self.bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                        disable=not (cfg.progress and info.is_main) or self.lines)
+        hidden = not (cfg.progress and info.is_main) or self.lines
+        self.bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step",
+                        dynamic_ncols=True, disable=hidden)
 
     def count(self, batch) -> None:
         self.window["examples"] += len(batch["labels"]) * self.info.world_size
-        self.window["tokens"] += int(batch["attention_mask"].sum()) * self.info.world_size  # CPU tensor: no sync
+        tokens = int(batch["attention_mask"].sum())  # a CPU tensor still: no device sync
+        self.window["tokens"] += tokens * self.info.world_size
 
     def step(self, step: int, lr: float, loss: torch.Tensor) -> None:
         self.pending.append((step, lr, loss))
         self.bar.update(1)
 
     def flush(self, state: LoopState, batches_per_epoch: int) -> None:
-        """Turn the losses kept on the device into numbers: one host sync per log interval. Under DDP the per-step
-        losses are averaged over ranks (equal shares of one global batch): the global batch's mean, never a sum."""
+        """The losses kept on the device become numbers: one host sync per log interval. Under DDP
+        each step's loss is the mean over ranks (equal shares of one global batch), never a sum."""
         if not self.pending:
             return
-        losses = (all_reduce_sum(torch.stack([p[2] for p in self.pending]).float(), self.info)
-                  / self.info.world_size).cpu().tolist()
+        stacked = torch.stack([p[2] for p in self.pending]).float()
+        losses = (dist.all_reduce_sum(stacked, self.info) / self.info.world_size).cpu().tolist()
         now = time.perf_counter()
         seconds = max(now - self.window["t"], 1e-9)
         epoch = round(state.epoch + state.batches_done / batches_per_epoch, 4)
-        rows = [{"step": step, "epoch": epoch, "loss": loss, "lr": lr} for (step, lr, _), loss in zip(self.pending, losses)]
-        rows[-1].update(examples_per_s=self.window["examples"] / seconds, tokens_per_s=self.window["tokens"] / seconds)
+        rows = [{"step": step, "epoch": epoch, "loss": loss, "lr": lr}
+                for (step, lr, _), loss in zip(self.pending, losses)]
+        rows[-1].update(examples_per_s=self.window["examples"] / seconds,
+                        tokens_per_s=self.window["tokens"] / seconds)
         state.history.extend(rows)
         self.pending.clear()
         self.window.update(t=now, examples=0, tokens=0)
         bad = next((row["step"] for row in rows if not math.isfinite(row["loss"])), None)
         if bad is not None:
-            raise NLIError(f"the training loss became {rows[-1]['loss']} at step {bad}; lower --learning_rate "
-                           "or use --precision fp32")
+            raise NLIError(f"the training loss became {rows[-1]['loss']} at step {bad}; lower "
+                           "--learning_rate or use --precision fp32")
         self.bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{rows[-1]['lr']:.2e}",
                              ex_s=f"{rows[-1]['examples_per_s']:.1f}")
         if self.lines:
@@ -357,7 +441,8 @@ class TrainLog:
 
     def evaluated(self, state: LoopState, batches_per_epoch: int, scores: dict) -> None:
         epoch = state.epoch + state.batches_done / batches_per_epoch
-        self.message(f"eval step {state.step}/{self.total_steps} (epoch {epoch:.2f}): {summary_line(scores)}")
+        self.message(f"eval step {state.step}/{self.total_steps} (epoch {epoch:.2f}): "
+                     f"{summary_line(scores)}")
         for callback in self.callbacks:
             callback.on_evaluate(state.step, state.epoch, scores)
 
@@ -371,13 +456,13 @@ class TrainLog:
 
 def progress_line(rows: list[dict], total_steps: int) -> str:
     """One plain log line for the newest interval: step, epoch, mean loss, lr, throughput."""
-    last = rows[-1]
-    return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {np.mean([r['loss'] for r in rows]):.4f} "
-            f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s {last.get('tokens_per_s', 0):.0f} tokens/s")
+    last, loss = rows[-1], np.mean([r["loss"] for r in rows])
+    return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {loss:.4f} "
+            f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s "
+            f"{last.get('tokens_per_s', 0):.0f} tokens/s")
 
 
-# -- a checkpoint every N minutes: all that a VM lost without a last checkpoint costs ------------
-# -- SIGTERM: finish the step, checkpoint, exit with a code Vertex retries ----------------------------------------
+# -- SIGTERM: finish the step, checkpoint, exit with a code Vertex AI retries ----------------------
 class StopRequest:
     requested = False
     at: float | None = None
@@ -388,16 +473,16 @@ class StopRequest:
 
 @contextlib.contextmanager
 def sigterm_requests():
-    """While training, SIGTERM sets a flag that the loop checks after every optimizer step."""
+    """While training, SIGTERM sets a flag that the loop reads after every optimizer step."""
     stop = StopRequest()
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+    if threading.current_thread() is not threading.main_thread():  # signals reach it only
         yield stop
         return
 
     def request(signum, frame):
         if stopped_by_torchrun_after_a_failure():
-            # Another rank failed and torchrun is stopping the rest: no checkpoint can follow (that rank is
-            # gone), and this one may be blocked in a collective where a flag is never read. Exit now.
+            # Another rank failed and torchrun stops the rest: no checkpoint can follow, and this
+            # rank may be blocked in a collective where a flag is never read. Exit now.
             os._exit(128 + signum)
         if not stop.requested:
             stop.requested, stop.at = True, time.monotonic()
@@ -410,7 +495,7 @@ def sigterm_requests():
 
 
 def stopped_by_torchrun_after_a_failure() -> bool:
-    """Under `nli_helpers.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping the
-    surviving ranks after one failed (the launcher marks a preemption before it forwards the signal)."""
+    """Under `nli_helpers.launch`, a SIGTERM the launcher did not pass on comes from torchrun
+    stopping the surviving ranks after one failed (the launcher marks a preemption first)."""
     markers = os.environ.get("NLI_PREEMPTED_MARKERS")
     return bool(markers) and not os.path.exists(os.path.join(markers, "launcher-sigterm"))

@@ -5,6 +5,7 @@ The contracts live in pyproject.toml ([tool.importlinter]); `make lint` runs the
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,9 @@ import tomllib
 from tests.helpers import ROOT
 
 MAX_MODULE_LINES = 400
+# The loop, its step, evaluation, scores and log in one file, read top to bottom (litgpt's
+# finetune/full.py, the anchor, is 458 lines).
+MAX_LINES = {"nli_helpers/train.py": 510}
 PACKAGES = ("nli_helpers", "localcloud")
 
 
@@ -51,10 +55,10 @@ def test_the_contracts_catch_an_upward_import_and_a_circle(tmp_path):
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_is_over_400_lines(package):
+def test_no_module_is_over_its_line_budget(package):
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / package).rglob("*.py")}
     assert sizes, f"no modules found under {package}"
-    too_long = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    too_long = {path: n for path, n in sizes.items() if n > MAX_LINES.get(path, MAX_MODULE_LINES)}
     assert not too_long, f"split these along their jobs (at most {MAX_MODULE_LINES} lines a module): {too_long}"
 
 
@@ -67,6 +71,15 @@ def test_every_package_module_is_placed_in_a_layer():
                if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
     assert modules - placed == set(), f"add these to a row of [tool.importlinter] layers: {modules - placed}"
     assert placed - modules == set(), f"these rows name modules that do not exist: {placed - modules}"
+
+
+def test_the_loop_imports_at_most_four_siblings():
+    """train.py reads in one sitting: what it needs from the package comes from four modules at most."""
+    tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
+    siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+    siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and node.level == 1 and node.module is None for alias in node.names}
+    assert len(siblings - {None}) <= 4, f"train.py imports {sorted(siblings - {None})}"
 
 
 def test_the_package_version_is_the_one_pyproject_gives():

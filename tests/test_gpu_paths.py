@@ -72,12 +72,12 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
 
 # -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
 def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_model_dir):
-    from nli_helpers import train
+    from nli_helpers import distributed, train
     from nli_helpers.batching import tokenize_splits
     from nli_helpers.data import load_nli_splits
     from nli_helpers.model import load_model_and_tokenizer
 
-    monkeypatch.setattr(train, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16
+    monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16
     cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
                       max_eval_samples=16, log_every=1, warmup_ratio=0.25, progress=False, keep_checkpoints=0)
 

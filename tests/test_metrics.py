@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from nli_helpers.metrics import classification_scores, majority_baseline, per_genre_accuracy, scores_table
+from nli_helpers.notebook_runs import scores_table
+from nli_helpers.train import classification_scores, majority_baseline, per_genre_accuracy
 
 
 def test_scores_match_a_hand_computed_example():

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nli_helpers.callbacks import TrainCallback
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.run import run_training
-from nli_helpers.train import Preempted, StoppedWithoutCheckpoint
+from nli_helpers.train import Preempted, StoppedWithoutCheckpoint, TrainCallback
 
 
 class SigtermAt(TrainCallback):

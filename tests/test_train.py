@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from nli_helpers.callbacks import TrainCallback
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.distributed import resolve_precision
 from nli_helpers.model import predict
 from nli_helpers.run import run_training
+from nli_helpers.train import TrainCallback
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_gpu_only_precision_on_a_cpu_is_refused():
 
 
 def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
-    from nli_helpers.callbacks import TrainCallback
+    from nli_helpers.train import TrainCallback
 
     class Recorder(TrainCallback):
         def __init__(self):
