@@ -67,12 +67,16 @@ def put(bucket: str, name: str, content: bytes = b"x") -> None:
 
 # --- URIs -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("uri, expected", [
-    ("gs://b/a/b.txt", ("b", "a/b.txt")),
-    ("gs://b", ("b", "")),
-    ("gs://b/", ("b", "")),
-    ("gs://b/dir/", ("b", "dir/")),
-])
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("gs://b/a/b.txt", ("b", "a/b.txt")),
+        ("gs://b", ("b", "")),
+        ("gs://b/", ("b", "")),
+        ("gs://b/dir/", ("b", "dir/")),
+    ],
+)
 def test_split_gcs_uri(uri: str, expected: tuple[str, str]) -> None:
     assert is_gcs_uri(uri)
     assert split_gcs_uri(uri) == expected
@@ -92,6 +96,7 @@ def test_local_paths_are_not_gcs_uris() -> None:
 
 # --- round trips ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("size", FILE_SIZES)
 def test_file_round_trip_is_byte_identical(gcs_bucket: str, tmp_path: Path, size: int) -> None:
     source = tmp_path / "model.bin"
@@ -105,7 +110,9 @@ def test_file_round_trip_is_byte_identical(gcs_bucket: str, tmp_path: Path, size
     assert landed.read_bytes() == source.read_bytes()
 
 
-def test_file_upload_to_prefix_and_download_into_directory_keep_name(gcs_bucket: str, tmp_path: Path) -> None:
+def test_file_upload_to_prefix_and_download_into_directory_keep_name(
+    gcs_bucket: str, tmp_path: Path
+) -> None:
     source = tmp_path / "metrics.json"
     source.write_text("{}")
     assert upload(source, f"gs://{gcs_bucket}/runs/") == [f"gs://{gcs_bucket}/runs/metrics.json"]
@@ -128,6 +135,7 @@ def test_nested_directory_round_trip_is_byte_identical(gcs_bucket: str, tmp_path
 
 # --- listing and existence --------------------------------------------------------------------
 
+
 def test_list_uris_is_sorted_and_respects_directory_boundaries(gcs_bucket: str) -> None:
     for name in ["runs/b.txt", "runs/a/x.txt", "runs-old/y.txt", "runs/folder/", "other.txt"]:
         put(gcs_bucket, name)
@@ -136,20 +144,25 @@ def test_list_uris_is_sorted_and_respects_directory_boundaries(gcs_bucket: str) 
     assert list_uris(f"gs://{gcs_bucket}/runs") == expected
     assert list_uris(f"gs://{gcs_bucket}/runs/") == expected
     assert list_uris(f"gs://{gcs_bucket}/runs/b.txt") == [expected[1]]
-    assert len(list_uris(f"gs://{gcs_bucket}")) == 4  # the console's "folder/" placeholder is skipped
+    assert (
+        len(list_uris(f"gs://{gcs_bucket}")) == 4
+    )  # the console's "folder/" placeholder is skipped
     assert list_uris(f"gs://{gcs_bucket}/nothing") == []
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("runs/a.txt", True),     # an object
-    ("runs", True),           # a "directory"
-    ("runs/", True),
-    ("run", False),           # a prefix of a name, not a directory
-    ("runs/a", False),
-    ("missing.txt", False),
-    ("empty-folder", False),
-    ("", True),               # the bucket itself
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("runs/a.txt", True),  # an object
+        ("runs", True),  # a "directory"
+        ("runs/", True),
+        ("run", False),  # a prefix of a name, not a directory
+        ("runs/a", False),
+        ("missing.txt", False),
+        ("empty-folder", False),
+        ("", True),  # the bucket itself
+    ],
+)
 def test_exists(gcs_bucket: str, path: str, expected: bool) -> None:
     put(gcs_bucket, "runs/a.txt")
     put(gcs_bucket, "empty-folder/")  # a console placeholder: no content, so not "existing"
@@ -163,6 +176,7 @@ def test_exists_is_false_for_a_missing_bucket(gcs_emulator: GcsEmulator) -> None
 
 # --- errors a user can meet -------------------------------------------------------------------
 
+
 def test_download_of_missing_object_names_the_uri(gcs_bucket: str, tmp_path: Path) -> None:
     uri = f"gs://{gcs_bucket}/runs/nope.bin"
     with pytest.raises(StorageError, match=f"{uri} does not exist"):
@@ -170,16 +184,24 @@ def test_download_of_missing_object_names_the_uri(gcs_bucket: str, tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_download_from_missing_bucket_names_it_and_role(gcs_emulator: GcsEmulator, tmp_path: Path) -> None:
-    with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectViewer"):
+def test_download_from_missing_bucket_names_it_and_role(
+    gcs_emulator: GcsEmulator, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectViewer"
+    ):
         download("gs://no-such-bucket-xyz/model.bin", tmp_path / "model.bin")
     with pytest.raises(StorageError, match="gs://no-such-bucket-xyz"):
         list_uris("gs://no-such-bucket-xyz/runs")
 
 
-def test_upload_to_missing_bucket_names_it_and_role(gcs_emulator: GcsEmulator, tmp_path: Path) -> None:
+def test_upload_to_missing_bucket_names_it_and_role(
+    gcs_emulator: GcsEmulator, tmp_path: Path
+) -> None:
     (tmp_path / "a.txt").write_text("a")
-    with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectUser"):
+    with pytest.raises(
+        StorageError, match=r"bucket gs://no-such-bucket-xyz does not exist.*objectUser"
+    ):
         upload(tmp_path / "a.txt", "gs://no-such-bucket-xyz/a.txt")
 
 
@@ -199,6 +221,7 @@ def test_download_refuses_object_names_that_escape_the_target(tmp_path: Path) ->
 
 # --- integrity: checksums and atomic downloads ------------------------------------------------
 
+
 @pytest.fixture
 def retry_waits(monkeypatch) -> list[float]:
     """gcsfs's backoff waits between retries, recorded instead of slept: counted, not spent."""
@@ -215,7 +238,7 @@ def retry_waits(monkeypatch) -> list[float]:
 def test_an_upload_that_arrives_corrupt_is_an_error(
     gcs_emulator: GcsEmulator, gcs_bucket: str, tmp_path: Path, monkeypatch, size: int
 ) -> None:
-    # The emulator stores other bytes than it received and reports their MD5, as a bad transfer would.
+    # The emulator stores other bytes than it got and reports their MD5, as a bad transfer would.
     emulator_storage = gcs_emulator.server._storage
     store = emulator_storage.create_file
 
@@ -266,6 +289,7 @@ def test_directory_download_leaves_no_temp_files(gcs_bucket: str, tmp_path: Path
 
 # --- deleting ---------------------------------------------------------------------------------
 
+
 def test_delete_removes_a_directory_and_nothing_beside_it(gcs_bucket: str) -> None:
     for name in ["runs/a.txt", "runs/[1]*.txt", "runs/sub/b.txt", "runs-old/c.txt", "runs/1x.txt"]:
         put(gcs_bucket, name)
@@ -277,6 +301,7 @@ def test_delete_removes_a_directory_and_nothing_beside_it(gcs_bucket: str) -> No
 
 
 # --- clients and credentials ------------------------------------------------------------------
+
 
 def test_client_is_cached_per_emulator(gcs_emulator: GcsEmulator, monkeypatch) -> None:
     client = get_client()
@@ -291,11 +316,19 @@ def test_client_is_cached_per_emulator(gcs_emulator: GcsEmulator, monkeypatch) -
 
 def test_no_credentials_explain_how_to_log_in(tmp_path: Path) -> None:
     # A fresh process with no emulator, no ADC file and no GCE metadata server to ask.
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}}
-    env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
-               NO_GCE_CHECK="true",  # google.auth compares with the lowercase string
-               GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}
+    }
+    env.update(
+        HOME=str(tmp_path),
+        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+        NO_GCE_CHECK="true",  # google.auth compares with the lowercase string
+        GCE_METADATA_HOST="127.0.0.1:9",
+        GCE_METADATA_IP="127.0.0.1:9",
+    )
     script = textwrap.dedent("""
         from nli_helpers.storage import StorageError, exists, get_client
         for call in (get_client, lambda: exists("gs://some-bucket/x")):
@@ -306,14 +339,22 @@ def test_no_credentials_explain_how_to_log_in(tmp_path: Path) -> None:
             else:
                 raise SystemExit("expected StorageError")
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("gcloud auth application-default login") == 2
     assert "GOOGLE_APPLICATION_CREDENTIALS" in result.stdout
 
 
-def test_local_copy_gives_a_gs_object_as_a_local_file_and_removes_it_afterwards(gcs_bucket, tmp_path):
+def test_local_copy_gives_a_gs_object_as_a_local_file_and_removes_it_afterwards(
+    gcs_bucket, tmp_path
+):
     source = tmp_path / "pairs.jsonl"
     source.write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n')
     upload(source, f"gs://{gcs_bucket}/data/pairs.jsonl")
@@ -325,18 +366,25 @@ def test_local_copy_gives_a_gs_object_as_a_local_file_and_removes_it_afterwards(
     assert source.exists()
 
 
-def test_local_copy_reads_in_place_where_vertex_mounts_the_bucket(gcs_bucket, tmp_path, monkeypatch):
-    # On Vertex AI, Cloud Storage FUSE shows gs://BUCKET/PATH as /gcs/BUCKET/PATH: nothing to download.
+def test_local_copy_reads_in_place_where_vertex_mounts_the_bucket(
+    gcs_bucket, tmp_path, monkeypatch
+):
+    # On Vertex AI, Cloud Storage FUSE shows gs://BUCKET/PATH as /gcs/BUCKET/PATH: no download.
     monkeypatch.setattr(storage, "FUSE_ROOT", tmp_path / "gcs")
-    mounted = write_tree(tmp_path / "gcs" / gcs_bucket, {"data/pairs.jsonl": b"{}\n"}) / "data/pairs.jsonl"
+    write_tree(tmp_path / "gcs" / gcs_bucket, {"data/pairs.jsonl": b"{}\n"})
+    mounted = tmp_path / "gcs" / gcs_bucket / "data" / "pairs.jsonl"
     with storage.local_copy(f"gs://{gcs_bucket}/data/pairs.jsonl") as local:
         assert local == mounted
     assert mounted.exists()  # never removed: it is the bucket
     upload(mounted, f"gs://{gcs_bucket}/data/other.jsonl")  # not in the mount (yet): downloaded
     with storage.local_copy(f"gs://{gcs_bucket}/data/other.jsonl") as local:
         assert local.read_bytes() == b"{}\n" and not local.is_relative_to(tmp_path / "gcs")
-    with pytest.raises(StorageError, match="does not exist"):
-        storage.local_copy(f"gs://{gcs_bucket}/data/missing.jsonl").__enter__()
+    missing = f"gs://{gcs_bucket}/data/missing.jsonl"
+    with (
+        pytest.raises(StorageError, match=f"{missing} does not exist"),
+        storage.local_copy(missing),
+    ):
+        pass
 
 
 def test_staged_output_uploads_on_success_only_and_cleans_up(gcs_bucket, tmp_path):
@@ -347,23 +395,32 @@ def test_staged_output_uploads_on_success_only_and_cleans_up(gcs_bucket, tmp_pat
         (folder / "sub" / "x.txt").write_text("x")
     assert sorted(storage.list_uris(target)) == [f"{target}/metrics.json", f"{target}/sub/x.txt"]
     assert not folder.exists()
-    with pytest.raises(RuntimeError), storage.staged_output(f"gs://{gcs_bucket}/runs/failed") as folder:
+    with (
+        pytest.raises(RuntimeError),
+        storage.staged_output(f"gs://{gcs_bucket}/runs/failed") as folder,
+    ):
         (folder / "half.txt").write_text("half")
         raise RuntimeError("the run failed")
     assert storage.list_uris(f"gs://{gcs_bucket}/runs/failed") == [] and not folder.exists()
-    with storage.staged_output(tmp_path / "local" / "run") as here:  # a local target is written in place
+    with storage.staged_output(
+        tmp_path / "local" / "run"
+    ) as here:  # a local target is written in place
         (here / "a.txt").write_text("a")
     assert (tmp_path / "local" / "run" / "a.txt").read_text() == "a"
 
 
-def test_an_unreachable_endpoint_is_one_clear_error_after_the_retry_budget(monkeypatch, retry_waits, caplog):
+def test_an_unreachable_endpoint_is_one_clear_error_after_the_retry_budget(
+    monkeypatch, retry_waits, caplog
+):
     import socket
 
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-    with pytest.raises(StorageError, match=f"cannot reach Cloud Storage at http://127.0.0.1:{port}") as err:
+    with pytest.raises(
+        StorageError, match=f"cannot reach Cloud Storage at http://127.0.0.1:{port}"
+    ) as err:
         storage.list_uris("gs://some-bucket/runs/")
     assert "retried about 31 s" in str(err.value) and "Traceback" not in str(err.value)
     assert not [r for r in caplog.records if r.name.startswith("gcsfs")]  # no second, noisy report
