@@ -312,7 +312,7 @@ def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: 
             found.setdefault(SPLIT_ALIASES[stem], []).append(file)
     # One rule for an ambiguous directory: never pick silently (train.csv over train.jsonl, a
     # backup over the real file, dev_matched over validation_matched); name them all instead.
-    several = [f"{split}: {', '.join(f.name for f in fs)}" for split, fs in found.items() if fs[1:]]
+    several = [f"{k}: {', '.join(f.name for f in fs)}" for k, fs in found.items() if len(fs) > 1]
     if several:
         raise DataError(
             f"directory {path} has several files for one split ({'; '.join(several)}); keep one "
