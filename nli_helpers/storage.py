@@ -43,8 +43,8 @@ WRITE_ROLE = "roles/storage.objectUser"  # create, read, list, delete; no ACL or
 FUSE_ROOT = Path("/gcs")
 PROGRESS_MIN_FILES = 4  # a progress bar for a handful of files is noise in a notebook
 BLOCK = 32 << 20  # bytes an upload sends per request
-# gcsfs retries each request on connection errors, 408, 429 and 5xx (gcsfs/retry.py, retry_request:
-# 6 tries, waiting 1, 2, 4, 8, 16 s plus up to 1 s each): a dead endpoint fails after about 31 s.
+# gcsfs retries each request on connection errors, 408, 429 and 500-504 (gcsfs/retry.py,
+# retry_request: 6 tries, waiting 1, 2, 4, 8, 16 s plus up to 1 s each): about 31 s in all.
 RETRY_S = 31
 _UNREACHABLE = (ClientError, RequestException, TransportError, TimeoutError)
 CREDENTIALS_HELP = (
