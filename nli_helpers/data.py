@@ -48,6 +48,7 @@ BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"), "mnli-subset": (MNLI_SUBSE
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
 MATCHED_GENRES = ("fiction", "government", "slate", "telephone", "travel")
 MISMATCHED_GENRES = ("facetoface", "letters", "nineeleven", "oup", "verbatim")
+_Frames = dict[str, pd.DataFrame]  # split name -> its normalised rows
 SPLIT_ALIASES = {
     "train": "train",
     "validation_matched": "validation_matched", "dev_matched": "validation_matched",
@@ -283,12 +284,13 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
     return splits
 
 
-def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
+def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
     if source in BUNDLED:
         path, name = BUNDLED[source]
-        return splits_from_single_frame(normalise_frame(read_table(path), name, report), eval_fraction, seed)
+        df = normalise_frame(read_table(path), name, report)
+        return splits_from_single_frame(df, eval_fraction, seed)
     if source.startswith("gs://"):
-        return _load_gcs(source, report, eval_fraction, seed)
+        return _load_gcs(source.rstrip("/"), report, eval_fraction, seed)
     path = Path(source).expanduser()
     try:
         is_dir, is_file = path.is_dir(), path.is_file()
@@ -296,67 +298,80 @@ def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: in
         raise DataError(f"--data {source!r} is not a usable path ({e})") from e
     if is_dir:
         return _load_directory(path, report, eval_fraction, seed)
-    if is_file or path.suffix in SUFFIXES or path.suffix == ".gz" or source.startswith((".", "/")):
+    if is_file or path.suffix in (*SUFFIXES, ".gz") or source.startswith((".", "/")):
         df = normalise_frame(read_table(path), str(path), report)
         return splits_from_single_frame(df, eval_fraction, seed)
     return _load_hub(source, report, eval_fraction, seed)
 
 
-def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
-    candidates: dict[str, list[Path]] = {}
+def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
+    found: dict[str, list[Path]] = {}
     for file in sorted(path.iterdir()):
         stem = file.name.split(".")[0].removeprefix("multinli_1.0_")
         if stem in SPLIT_ALIASES and any(s in SUFFIXES for s in file.suffixes):
-            candidates.setdefault(SPLIT_ALIASES[stem], []).append(file)
-    # One rule for an ambiguous directory: never pick silently (train.csv over train.jsonl, a backup over the
-    # real file, dev_matched over validation_matched); name them all and let the user say which.
-    ambiguous = {split: files for split, files in candidates.items() if len(files) > 1}
-    if ambiguous:
-        listed = "; ".join(f"{split}: {', '.join(f.name for f in files)}" for split, files in ambiguous.items())
-        raise DataError(f"directory {path} has several files for one split ({listed}); keep one file per split "
-                        "there (move the others out), or pass the file you mean with --data")
-    found = {split: files[0] for split, files in candidates.items()}
+            found.setdefault(SPLIT_ALIASES[stem], []).append(file)
+    # One rule for an ambiguous directory: never pick silently (train.csv over train.jsonl, a
+    # backup over the real file, dev_matched over validation_matched); name them all instead.
+    several = [f"{k}: {', '.join(f.name for f in fs)}" for k, fs in found.items() if len(fs) > 1]
+    if several:
+        raise DataError(
+            f"directory {path} has several files for one split ({'; '.join(several)}); keep one "
+            "file per split there (move the others out), or pass the file you mean with --data"
+        )
     if "train" not in found:
-        raise DataError(f"directory {path} has no train.* file; expected train.jsonl (or .csv/.tsv/"
-                        "/.parquet) and optionally validation_matched.* and validation_mismatched.*")
-    frames = {name: normalise_frame(read_table(f), str(f), report) for name, f in found.items()}
-    if "validation_matched" not in frames:
-        frames["train"], frames["validation_matched"] = split_by_premise(frames["train"], eval_fraction, seed)
-        if frames["train"].empty or frames["validation_matched"].empty:
-            raise DataError(f"splitting {found['train']} by premise with eval_fraction={eval_fraction} left an "
-                            "empty part; add a validation_matched file, use more data or another eval_fraction")
-    return frames
+        raise DataError(
+            f"directory {path} has no train.* file; expected train.jsonl (or .csv/.tsv/.parquet) "
+            "and optionally validation_matched.* and validation_mismatched.*"
+        )
+    frames = {split: normalise_frame(read_table(f), str(f), report) for split, [f] in found.items()}
+    return _held_out(frames, str(found["train"][0]), eval_fraction, seed)
 
 
-def _load_gcs(uri: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
+def _load_gcs(uri: str, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
     from . import storage
 
-    with storage.local_copy(uri.rstrip("/")) as local:  # the frames are in memory once it is removed
+    with storage.local_copy(uri) as local:  # the frames are in memory once it is removed
         try:
             return _load_frames(str(local), report, eval_fraction, seed)
-        except DataError as e:  # name the object the user passed, not the temporary copy
-            raise DataError(str(e).replace(str(local), uri.rstrip("/"))) from e
+        except DataError as e:  # name the object the user passed, not the local copy
+            raise DataError(str(e).replace(str(local), uri)) from e
 
 
-def _load_hub(name: str, report: LoadReport, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
+def _load_hub(name: str, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
     from datasets import load_dataset
 
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
-        raise DataError(f"--data {name!r} is neither an existing file or directory, a gs:// URI nor a hub name")
+        raise DataError(
+            f"--data {name!r} is neither an existing file or directory, a gs:// URI nor a hub name"
+        )
     try:
         raw = load_dataset(name)
     except Exception as e:  # the hub raises many types; all mean "could not load this name"
-        raise DataError(f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
-                        "Offline? Pass a local file or directory with --data, or 'sample'") from e
-    frames = {}
-    for split, ds in raw.items():
-        if split in SPLIT_ALIASES:
-            frames[SPLIT_ALIASES[split]] = normalise_frame(ds.to_pandas(), f"{name}[{split}]", report)
+        raise DataError(
+            f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
+            "Offline? Pass a local file or directory with --data, or 'sample'"
+        ) from e
+    frames = {
+        SPLIT_ALIASES[split]: normalise_frame(ds.to_pandas(), f"{name}[{split}]", report)
+        for split, ds in raw.items()
+        if split in SPLIT_ALIASES
+    }
     if "train" not in frames:
         raise DataError(f"hub dataset {name!r} has no train split (it has {', '.join(raw)})")
-    if "validation_matched" not in frames:
-        frames["train"], frames["validation_matched"] = split_by_premise(frames["train"], eval_fraction, seed)
-    return frames
+    return _held_out(frames, f"{name}[train]", eval_fraction, seed)
+
+
+def _held_out(frames: _Frames, train: str, eval_fraction: float, seed: int) -> _Frames:
+    """Without a validation_matched split, hold out part of train by premise."""
+    if "validation_matched" in frames:
+        return frames
+    kept, held_out = split_by_premise(frames["train"], eval_fraction, seed)
+    if kept.empty or held_out.empty:
+        raise DataError(
+            f"splitting {train} by premise with eval_fraction={eval_fraction} left an empty "
+            "part; add a validation_matched file, use more data or another eval_fraction"
+        )
+    return {**frames, "train": kept, "validation_matched": held_out}
 
 
 def subsample(splits: DatasetDict, fraction: float, max_train: int | None, max_eval: int | None,

@@ -143,6 +143,15 @@ def test_directory_of_split_files(tmp_path):
         load_nli_splits(str(tmp_path))
 
 
+def test_a_directory_without_validation_holds_out_train_by_premise(tmp_path):
+    write(tmp_path / "train.jsonl", ROWS, "jsonl")
+    splits = load_nli_splits(str(tmp_path), eval_fraction=0.3)
+    assert not set(splits["train"]["premise"]) & set(splits["validation_matched"]["premise"])
+    write(tmp_path / "train.jsonl", ROWS[:3], "jsonl")  # one premise: nothing left to hold out
+    with pytest.raises(DataError, match=r"splitting .*train\.jsonl by premise .* left an empty part"):
+        load_nli_splits(str(tmp_path), eval_fraction=0.3)
+
+
 def test_bundled_sample_has_three_balanced_splits(sample_splits):
     assert set(sample_splits) == {"train", "validation_matched", "validation_mismatched"}
     assert sample_splits.report.dropped_unlabelled == 4
