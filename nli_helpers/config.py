@@ -36,6 +36,8 @@ class ConfigError(NLIError, ValueError):
 
 
 PROFILES = ("smoke", "full")
+# The task's labels, in the order of the classifier's outputs (MultiNLI's gold_label values).
+LABELS = ("entailment", "neutral", "contradiction")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 # Defaults that depend on the profile. Everything not named here uses the field default.

@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 from datasets import Dataset, DatasetDict
 
+from .config import LABELS
 from .tables import COLUMN_ALIASES, SUFFIXES, DataError, json_type, read_table
 
 log = logging.getLogger(__name__)
 
-LABELS = ("entailment", "neutral", "contradiction")
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 UNLABELLED = {"-", "-1", ""}
 UNLABELLED_ID = -1
