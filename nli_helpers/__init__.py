@@ -3,25 +3,27 @@
 The modules, in layers (a module imports only those below it; `make lint` checks it, pyproject.toml
 [tool.importlinter]):
 
-    task, launch            the commands a job runs: train + evaluate; torchrun on a Vertex cluster
-    run                     one training run, saved (local or gs://)
-    tracking                TensorBoard and the hypertune report (callbacks of the loop)
-    train | vertex/         the loop, its scores and logging | Vertex AI jobs, the [vertex] extra (never
-                            imported by the trainer)
-    checkpoint, batching,   exact resume; tokenising and length-grouped batches; loading and predicting;
-    model, packaging        the sdist and the venv the trainer image would be
-    data, distributed,      labels, splits, sources; processes, ranks, devices and precision; where
-    notebook_runs           notebook runs go
-    storage, tables         gs:// and local paths; reading one file
-    config                  TrainConfig, profiles, errors
+    task, launch        the commands a job runs: train + evaluate; torchrun on a Vertex cluster
+    run                 one training run: load what a config names, train, save (local or gs://)
+    tracking            TensorBoard and the hypertune report (callbacks of the loop)
+    train               the loop, its step, evaluation, scores and log
+    checkpoint, model,  exact resume; loading and predicting; tokenising, the token cache and
+    batching            length-grouped batches
+    data, distributed   labels, sources, the premise split; ranks, devices and precision
+    storage, tables     gs:// and local paths; reading one file
+    config              TrainConfig, the profiles, errors
+
+Beside the trainer: `vertex/` (Vertex AI jobs, the [vertex] extra; the trainer never imports it),
+`packaging` (the sdist and the venv that stands in for the image) and `notebook_runs` (what the
+notebooks share).
 
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 
 from .config import ConfigError, NLIError, TrainConfig, __version__, make_config
 
-__all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config", "run_training", "predict",
-           "load_nli_splits"]
+__all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config", "run_training",
+           "predict", "load_nli_splits"]
 
 
 def __getattr__(name: str):
