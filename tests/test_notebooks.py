@@ -39,14 +39,14 @@ REAL_CALLS = {
                         ".convert_ids_to_tokens(", "token_type_ids"],
     "02_finetune_local": ["AutoModelForSequenceClassification.from_pretrained(", "torch.optim.AdamW(",
                           "get_linear_schedule_with_warmup(", ".backward()", "clip_grad_norm_(",
-                          "torch.autocast(", "optimizer.step()", "train??"],
+                          "torch.autocast(", "optimizer.step()", "train??", "ConfusionMatrixDisplay("],
     "03_package_trainer": ["docker build", "gcloud builds submit", "docker run"],
     "04_submit_vertex": ["aiplatform.init(", "worker_pool_specs", "aiplatform.CustomJob(", ".submit(",
                          "restart_job_on_worker_restart", "base_output_dir"],
     "05_tune_hyperparameters": ["hypertune", "aiplatform.HyperparameterTuningJob(", "hpt.DoubleParameterSpec(",
                                 "aiplatform.CustomJob("],
     "06_evaluate_and_predict": ["AutoModelForSequenceClassification.from_pretrained(", "torch.no_grad()",
-                                "softmax(", "LogisticRegression("],
+                                "softmax(", "LogisticRegression(", "pd.read_json(", ".to_json("],
 }
 FIELD_TYPES = typing.get_type_hints(TrainConfig)
 
