@@ -22,7 +22,7 @@ from nli_helpers.config import __version__
 from .errors import NoPrebuiltImageError, VertexError
 
 # The CUDA builds of the pinned torch (2.13) and the GPU architectures each has kernels for, from
-# RELEASE.md's compatibility and CUDA support matrices; no cu128 after 2.11 (pytorch/pytorch#178665).
+# RELEASE.md's compatibility and CUDA support matrices; no cu128 after 2.11 (RFC pytorch#178665).
 # Driver floors: NVIDIA's minor-version compatibility table.
 TORCH_CUDA_SOURCE = ("pytorch/pytorch RELEASE.md (2.13 row, #187075; CUDA support matrix, "
                      "#182849/#197555); pytorch/FBGEMM#5976; "
