@@ -104,6 +104,35 @@ def image_torch_cuda(image_uri: str) -> str | None:
     return found.group(1) if found else None
 
 
+def trainer_image_uri(project: str, region: str, *, repository: str = "nli", image: str = "trainer",
+                      tag: str | None = None, torch_cuda: str = DEFAULT_TORCH_CUDA) -> str:
+    """Where docker/README.md pushes the trainer image: REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG
+    The tag names the package version and torch CUDA build (`0.1.0-cu126`), so preflight can tell
+    which GPUs the image runs on: rebuild and push after you change the code."""
+    if not project:
+        raise VertexError("trainer_image_uri needs the project id: pass project=..., or set "
+                          "GOOGLE_CLOUD_PROJECT")
+    tag = tag or f"{__version__}-{torch_cuda}"
+    return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag}"
+
+
+def trainer_image_build_commands(image_uri: str) -> str:
+    """The shell commands that build docker/Dockerfile and push it as `image_uri`, from the
+    repository root: with Cloud Build (no Docker engine needed), or with a local Docker engine."""
+    host = image_uri.split("/", 1)[0]
+    is_registry = host.endswith("-docker.pkg.dev") and image_uri.count("/") >= 3
+    repository = image_uri.split("/")[2] if is_registry else None
+    create = (f"gcloud artifacts repositories create {repository} --repository-format=docker "
+              f"--location={host.removesuffix('-docker.pkg.dev')}   # once\n") if repository else ""
+    cuda = image_torch_cuda(image_uri) or DEFAULT_TORCH_CUDA
+    return (f"{create}gcloud builds submit --config docker/cloudbuild.yaml "
+            f"--substitutions=_IMAGE={image_uri},_TORCH_CUDA={cuda} .\n"
+            f"# or, with a local Docker engine:\n"
+            f"gcloud auth configure-docker {host}   # once\n"
+            f"docker build -f docker/Dockerfile --build-arg TORCH_CUDA={cuda} -t {image_uri} . "
+            f"&& docker push {image_uri}")
+
+
 # The prebuilt PyTorch training images, the only ones a python-package job may run on (REST
 # PythonPackageSpec.executorImageUri). 2.4 is the newest; all Python 3.10, only `:latest` supported.
 IMAGES_SOURCE = ("https://docs.cloud.google.com/vertex-ai/docs/training/pre-built-containers (now "
@@ -236,32 +265,3 @@ def prebuilt_images_table() -> list[dict]:
                      "end of availability": image.end_of_availability,
                      "runs this package": not problems, "why not": "; ".join(problems)})
     return rows
-
-
-def trainer_image_uri(project: str, region: str, *, repository: str = "nli", image: str = "trainer",
-                      tag: str | None = None, torch_cuda: str = DEFAULT_TORCH_CUDA) -> str:
-    """Where docker/README.md pushes the trainer image: REGION-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG
-    The tag names the package version and torch CUDA build (`0.1.0-cu126`), so preflight can tell
-    which GPUs the image runs on: rebuild and push after you change the code."""
-    if not project:
-        raise VertexError("trainer_image_uri needs the project id: pass project=..., or set "
-                          "GOOGLE_CLOUD_PROJECT")
-    tag = tag or f"{__version__}-{torch_cuda}"
-    return f"{region}-docker.pkg.dev/{project}/{repository}/{image}:{tag}"
-
-
-def trainer_image_build_commands(image_uri: str) -> str:
-    """The shell commands that build docker/Dockerfile and push it as `image_uri`, from the
-    repository root: with Cloud Build (no Docker engine needed), or with a local Docker engine."""
-    host = image_uri.split("/", 1)[0]
-    is_registry = host.endswith("-docker.pkg.dev") and image_uri.count("/") >= 3
-    repository = image_uri.split("/")[2] if is_registry else None
-    create = (f"gcloud artifacts repositories create {repository} --repository-format=docker "
-              f"--location={host.removesuffix('-docker.pkg.dev')}   # once\n") if repository else ""
-    cuda = image_torch_cuda(image_uri) or DEFAULT_TORCH_CUDA
-    return (f"{create}gcloud builds submit --config docker/cloudbuild.yaml "
-            f"--substitutions=_IMAGE={image_uri},_TORCH_CUDA={cuda} .\n"
-            f"# or, with a local Docker engine:\n"
-            f"gcloud auth configure-docker {host}   # once\n"
-            f"docker build -f docker/Dockerfile --build-arg TORCH_CUDA={cuda} -t {image_uri} . "
-            f"&& docker push {image_uri}")
