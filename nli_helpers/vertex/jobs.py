@@ -123,8 +123,8 @@ TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/
 
 
 def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> None:
-    """A Vertex AI TensorBoard (`aiplatform.Tensorboard.create(...)`) streams the job's
-    AIP_TENSORBOARD_LOG_DIR; the job must run as a service account that may write to the bucket
+    """Refuse a `tensorboard=` that is no TensorBoard resource name, or comes without a service
+    account: Vertex streams AIP_TENSORBOARD_LOG_DIR as that account
     (https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training)."""
     if not TENSORBOARD_RESOURCE.fullmatch(tensorboard):
         raise VertexError(f"tensorboard={tensorboard!r} is not a Vertex AI TensorBoard resource "
