@@ -1,12 +1,12 @@
-"""Submit a Vertex AI custom job, watch it, find its logs, and fetch its outputs, through google-cloud-aiplatform.
+"""Submit a Vertex AI custom job, watch it, find its logs, and fetch its outputs.
 
-    >>> cloud = init_vertex("my-project", "us-central1", "gs://my-staging-bucket")   # VertexSettings
-    >>> job = submit_custom_job(pools, base_output_dir="gs://my-staging-bucket/nli-jobs/run-1", spot=True)
-    >>> watch_job(job)                          # a line per state; raises JobFailedError with the logs link
+    >>> cloud = init_vertex("my-project", "us-central1", "gs://my-staging-bucket")
+    >>> job = submit_custom_job(pools, base_output_dir="gs://my-staging-bucket/nli-jobs/run-1")
+    >>> watch_job(job)                  # a line per state; JobFailedError with the logs link
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
 
-With NLI_VERTEX_API_ENDPOINT set (the tests' and CI's local fake of Vertex), `init_vertex` talks to that endpoint.
-google-cloud-aiplatform is imported only when a function needs it (the trainer image does not carry it).
+With NLI_VERTEX_API_ENDPOINT set (the local stand-in of Vertex), `init_vertex` talks to that
+endpoint. google-cloud-aiplatform is imported only when needed: the trainer image lacks it.
 """
 
 from __future__ import annotations
@@ -34,15 +34,17 @@ if TYPE_CHECKING:
     from google.cloud.aiplatform import CustomJob
 
 API_ENDPOINT_ENV = "NLI_VERTEX_API_ENDPOINT"
-TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                   "JOB_STATE_EXPIRED")
 
 
 def aiplatform_sdk():
-    """The google-cloud-aiplatform module, or one clear error when the [vertex] extra is not installed."""
+    """The google-cloud-aiplatform module, or one clear error without the [vertex] extra."""
     try:
         from google.cloud import aiplatform
     except ImportError as err:
-        raise VertexError("google-cloud-aiplatform is not installed: pip install 'nli-helpers[vertex]'") from err
+        raise VertexError("google-cloud-aiplatform is not installed: "
+                          "pip install 'nli-helpers[vertex]'") from err
     return aiplatform
 
 
@@ -54,46 +56,50 @@ class VertexSettings:
     region: str
     staging_bucket: str
     endpoint: str
-    image_uri: str  # the trainer image jobs run: the one you named, else trainer_image_uri(project, region)
+    image_uri: str  # the image you named, else trainer_image_uri(project, region)
 
 
-def init_vertex(project: str | None = None, region: str = "us-central1", staging_bucket: str | None = None, *,
-                image_uri: str | None = None, credentials=None, api_endpoint: str | None = None,
+def init_vertex(project: str | None = None, region: str = "us-central1",
+                staging_bucket: str | None = None, *, image_uri: str | None = None,
+                credentials=None, api_endpoint: str | None = None,
                 api_transport: str = "rest") -> VertexSettings:
-    """Point the aiplatform SDK at a project, region and staging bucket (REST, as in the tests).
+    """Point the aiplatform SDK at a project, region and staging bucket.
 
-    Every setting left at None comes from the environment: `project` from $GOOGLE_CLOUD_PROJECT, else your gcloud
-    default; `staging_bucket` from $NLI_STAGING_BUCKET; `api_endpoint` from $NLI_VERTEX_API_ENDPOINT (the local
-    fake in CI), else the region's Vertex AI endpoint; `image_uri` is the trainer image docker/README.md pushes
-    for this project and region. A plain-HTTP endpoint can only be a local fake, so it gets anonymous credentials,
-    as the storage emulator does.
+    A setting left at None comes from the environment: $GOOGLE_CLOUD_PROJECT (else your gcloud
+    default), $NLI_STAGING_BUCKET, $NLI_VERTEX_API_ENDPOINT (else the region's endpoint). A
+    plain-HTTP endpoint can only be a local stand-in, so it gets anonymous credentials.
     """
     import google.auth
     from google.auth.credentials import AnonymousCredentials
     from google.auth.exceptions import DefaultCredentialsError
 
-    api_endpoint = api_endpoint or os.environ.get(API_ENDPOINT_ENV) or f"{region}-aiplatform.googleapis.com"
+    api_endpoint = (api_endpoint or os.environ.get(API_ENDPOINT_ENV)
+                    or f"{region}-aiplatform.googleapis.com")
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
     staging_bucket = staging_bucket or os.environ.get("NLI_STAGING_BUCKET")
     if credentials is None and api_endpoint.startswith("http://"):
         credentials = AnonymousCredentials()
     if credentials is None:
         try:
-            credentials, default_project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            credentials, default_project = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"])
         except DefaultCredentialsError as err:
             raise VertexError(CREDENTIALS_HELP) from err
         project = project or default_project
     if not project:
-        raise VertexError("no Google Cloud project: pass project=..., set GOOGLE_CLOUD_PROJECT, or run "
-                          "`gcloud config set project PROJECT_ID`")
+        raise VertexError("no Google Cloud project: pass project=..., set GOOGLE_CLOUD_PROJECT, or "
+                          "run `gcloud config set project PROJECT_ID`")
     if not staging_bucket or not storage.is_gcs_uri(staging_bucket):
-        raise VertexError(f"staging_bucket={staging_bucket!r}: Vertex needs a gs://BUCKET in the job's region to stage "
-                          f"packages and keep outputs: pass staging_bucket=..., or set NLI_STAGING_BUCKET; create "
-                          f"one with `gcloud storage buckets create gs://BUCKET --location={region}`")
-    # The SDK keeps settings between calls: always pass the endpoint, or a test's fake endpoint would stick.
-    aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket, credentials=credentials,
-                          api_endpoint=api_endpoint, api_transport=api_transport)
-    return VertexSettings(project, region, staging_bucket, api_endpoint, image_uri or trainer_image_uri(project, region))
+        raise VertexError(f"staging_bucket={staging_bucket!r}: Vertex needs a gs://BUCKET in the "
+                          "job's region to stage packages and keep outputs: pass "
+                          "staging_bucket=..., or set NLI_STAGING_BUCKET; create one with `gcloud "
+                          f"storage buckets create gs://BUCKET --location={region}`")
+    # The SDK keeps settings between calls: always pass the endpoint, or a stand-in's would stick.
+    aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket,
+                          credentials=credentials, api_endpoint=api_endpoint,
+                          api_transport=api_transport)
+    return VertexSettings(project, region, staging_bucket, api_endpoint,
+                          image_uri or trainer_image_uri(project, region))
 
 
 @contextlib.contextmanager
@@ -104,46 +110,43 @@ def api_errors(what: str, service_account: str | None = None):
     except GoogleAuthError as err:
         raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
     except api_exceptions.PermissionDenied as err:
-        raise VertexError(f"permission denied creating {what}: grant your account roles/aiplatform.user (and "
-                          f"iam.serviceAccountUser on {service_account or 'the job service account'}): "
-                          f"{err.message}") from err
+        account = service_account or "the job service account"
+        raise VertexError(f"permission denied creating {what}: grant your account "
+                          "roles/aiplatform.user (and iam.serviceAccountUser on "
+                          f"{account}): {err.message}") from err
     except api_exceptions.GoogleAPICallError as err:
-        raise VertexError(f"Vertex AI refused {what} ({err.code}): {err.message}. Is the API enabled? "
-                          "gcloud services enable aiplatform.googleapis.com") from err
+        raise VertexError(f"Vertex AI refused {what} ({err.code}): {err.message}. Is the API "
+                          "enabled? gcloud services enable aiplatform.googleapis.com") from err
 
 
 TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
 
 
 def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> None:
-    """A Vertex AI TensorBoard resource streams the job's AIP_TENSORBOARD_LOG_DIR into TensorBoard in the console.
-
-    Create one with `aiplatform.Tensorboard.create(display_name=...)` and pass its resource name
-    (projects/P/locations/L/tensorboards/ID) as `tensorboard=` to `submit_custom_job`. Vertex AI requires such a job to run as a service account that may write to the
-    staging bucket and use Vertex AI (roles/storage.objectAdmin, roles/aiplatform.user); see
-    https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training
-    """
+    """Refuse a `tensorboard=` that is no TensorBoard resource name, or comes without a service
+    account: Vertex streams AIP_TENSORBOARD_LOG_DIR as that account
+    (https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training)."""
     if not TENSORBOARD_RESOURCE.fullmatch(tensorboard):
-        raise VertexError(f"tensorboard={tensorboard!r} is not a Vertex AI TensorBoard resource name: expected "
-                          "projects/PROJECT/locations/REGION/tensorboards/ID (aiplatform.Tensorboard.create(...))")
+        raise VertexError(f"tensorboard={tensorboard!r} is not a Vertex AI TensorBoard resource "
+                          "name: expected projects/PROJECT/locations/REGION/tensorboards/ID "
+                          "(aiplatform.Tensorboard.create(...))")
     if not service_account:
-        raise VertexError("attaching a Vertex AI TensorBoard needs service_account=...: the job writes its logs "
-                          "as that account (grant it roles/storage.objectAdmin on the bucket and "
-                          "roles/aiplatform.user)")
+        raise VertexError("attaching a Vertex AI TensorBoard needs service_account=...: the job "
+                          "writes its logs as that account (grant it roles/storage.objectAdmin on "
+                          "the bucket and roles/aiplatform.user)")
 
 
-def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, display_name: str | None = None,
-                      service_account: str | None = None, labels: dict[str, str] | None = None, spot: bool = False,
-                      restart_job_on_worker_restart: bool | None = None, timeout_s: int | None = None,
-                      tensorboard: str | None = None) -> CustomJob:
+def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
+                      display_name: str | None = None, service_account: str | None = None,
+                      labels: dict[str, str] | None = None, spot: bool = False,
+                      restart_job_on_worker_restart: bool | None = None,
+                      timeout_s: int | None = None, tensorboard: str | None = None) -> CustomJob:
     """Create the CustomJob and return at once (watch it with `watch_job`).
 
-    `restart_job_on_worker_restart=None` turns it on for a job of several training replicas: when Vertex restarts
-    one replica (maintenance, Spot preemption), the others are restarted too, because torchrun's fixed rendezvous
-    cannot take a single new node back; every replica then resumes from the newest checkpoint. `spot=True` runs on
-    Spot VMs (preemptible, cheaper); the trainer then also checkpoints every few minutes unless its
-    config says how often (`pools.spot_worker_pools`). `tensorboard`: a Vertex AI TensorBoard
-    resource to stream the job's scalars to (`check_vertex_tensorboard`).
+    `restart_job_on_worker_restart=None` turns it on for several training replicas: torchrun's
+    fixed rendezvous cannot take back one restarted node, so all restart and resume from the
+    newest checkpoint. `spot=True` runs on Spot VMs and checkpoints every few minutes
+    (`spot_worker_pools`). `tensorboard`: a Vertex AI TensorBoard resource to stream scalars to.
     """
     if tensorboard:
         check_vertex_tensorboard(tensorboard, service_account)
@@ -160,9 +163,11 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str, di
                   "minutes (set checkpoint_every_minutes in the config to choose)")
         worker_pool_specs = spot_pools
     with api_errors("the job", service_account):
-        job = aiplatform.CustomJob(display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
-                                   worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
-        job.submit(service_account=service_account, restart_job_on_worker_restart=restart_job_on_worker_restart,
+        job = aiplatform.CustomJob(
+            display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
+            worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
+        job.submit(service_account=service_account,
+                   restart_job_on_worker_restart=restart_job_on_worker_restart,
                    scheduling_strategy=strategy, timeout=timeout_s, tensorboard=tensorboard)
     print(f"submitted {job.resource_name}\nlogs: {logs_url(job)}")
     return job
@@ -174,25 +179,26 @@ def logs_url(job: CustomJob) -> str:
     query = f'resource.type="ml_job"\nresource.labels.job_id="{parts[-1]}"'
     from urllib.parse import quote
 
-    return f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}?project={parts[1]}"
+    return (f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}"
+            f"?project={parts[1]}")
 
 
 WATCH_TIMEOUT_S = 3 * 24 * 3600.0  # longer than any recipe here; shorter than forever
 QUEUED_NOTICE_S = 300.0
 QUOTAS_HELP = ("Vertex AI keeps a job queued while the project lacks custom-training quota for it "
-               "(https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service#queue): check "
-               "'Custom model training {gpu} per region' for {region} at "
-               "https://console.cloud.google.com/iam-admin/quotas?project={project} and request more, pick another "
-               "region or GPU, or cancel it with job.cancel()")
+               "(https://docs.cloud.google.com/vertex-ai/docs/training/"
+               "understanding-training-service#queue): check 'Custom model training {gpu} per "
+               "region' for {region} at "
+               "https://console.cloud.google.com/iam-admin/quotas?project={project} and request "
+               "more, pick another region or GPU, or cancel it with job.cancel()")
 
 
-def watch_job(job: CustomJob | str, *, poll_s: float = 30.0, timeout_s: float | None = WATCH_TIMEOUT_S,
-              queued_notice_s: float = QUEUED_NOTICE_S, progress: bool = True) -> str:
-    """Poll until the job ends; return its final state, or raise JobFailedError / VertexError on timeout.
-
-    A job that stays JOB_STATE_QUEUED longer than `queued_notice_s` gets one line saying why (quota) and what to
-    do. `timeout_s=None` waits for ever; on a timeout the job keeps running and the error says how to watch again.
-    """
+def watch_job(job: CustomJob | str, *, poll_s: float = 30.0,
+              timeout_s: float | None = WATCH_TIMEOUT_S, queued_notice_s: float = QUEUED_NOTICE_S,
+              progress: bool = True) -> str:
+    """Poll until the job ends; return its final state, or raise JobFailedError (VertexError on
+    timeout, the job still running). A job queued longer than `queued_notice_s` gets one line
+    saying why (quota) and what to do. `timeout_s=None` waits for ever."""
     from tqdm.auto import tqdm
 
     if isinstance(job, str):
@@ -208,18 +214,20 @@ def watch_job(job: CustomJob | str, *, poll_s: float = 30.0, timeout_s: float | 
             bar.set_description_str(f"{job.display_name}: {state}")
             if state in TERMINAL_STATES:
                 break
-            if queued_since is not None and not told and time.monotonic() - queued_since >= queued_notice_s:
-                bar.write(f"{job.display_name} is still queued after {time.monotonic() - queued_since:.0f} s: "
-                          + queued_help(job))
+            if (queued_since is not None and not told
+                    and time.monotonic() - queued_since >= queued_notice_s):
+                bar.write(f"{job.display_name} is still queued after "
+                          f"{time.monotonic() - queued_since:.0f} s: " + queued_help(job))
                 told = True
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 why = f" ({queued_help(job)})" if state == "JOB_STATE_QUEUED" else ""
-                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s{why}; it keeps running: "
-                                  f"watch_job('{job.resource_name}') again, or cancel it with job.cancel()")
+                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s"
+                                  f"{why}; it keeps running: watch_job('{job.resource_name}') "
+                                  "again, or cancel it with job.cancel()")
             time.sleep(poll_s)
     if state != "JOB_STATE_SUCCEEDED":
-        raise JobFailedError(f"{job.resource_name} ended {state}: {job.error.message or 'no error message'}; "
-                             f"logs: {logs_url(job)}")
+        raise JobFailedError(f"{job.resource_name} ended {state}: "
+                             f"{job.error.message or 'no error message'}; logs: {logs_url(job)}")
     return state
 
 
@@ -228,19 +236,23 @@ def queued_help(job) -> str:
     from google.cloud.aiplatform.compat.types import accelerator_type
 
     _, project, _, region, *_ = job.resource_name.split("/")
-    spec = job.job_spec.worker_pool_specs[0].machine_spec if job.job_spec.worker_pool_specs else None
-    gpu = accelerator_type.AcceleratorType(spec.accelerator_type).name if spec and spec.accelerator_count else "CPU"
-    return QUOTAS_HELP.format(gpu=gpu.replace("_", " ") + (" GPUs" if gpu != "CPU" else " vCPUs"), region=region,
-                              project=project)
+    spec = (job.job_spec.worker_pool_specs[0].machine_spec
+            if job.job_spec.worker_pool_specs else None)
+    gpu = (accelerator_type.AcceleratorType(spec.accelerator_type).name
+           if spec and spec.accelerator_count else "CPU")
+    return QUOTAS_HELP.format(gpu=gpu.replace("_", " ") + (" GPUs" if gpu != "CPU" else " vCPUs"),
+                              region=region, project=project)
 
 
 def fetch_outputs(job_or_base_output_dir: CustomJob | str, local_dir: str | Path) -> dict:
-    """Download base_output_dir/model (model, metrics.json, ...) into `local_dir`; return the metrics."""
+    """Download base_output_dir/model (model, metrics.json, ...) into `local_dir`; return the
+    metrics."""
     base = job_or_base_output_dir
     if not isinstance(base, str):
         base = base.job_spec.base_output_directory.output_uri_prefix
     model_uri = f"{base.rstrip('/')}/model"
     if not storage.exists(f"{model_uri}/metrics.json"):
-        raise VertexError(f"no metrics.json under {model_uri}: the job did not finish training; see its logs")
+        raise VertexError(f"no metrics.json under {model_uri}: the job did not finish training; "
+                          "see its logs")
     storage.download(model_uri, local_dir)
     return json.loads((Path(local_dir) / "metrics.json").read_text())

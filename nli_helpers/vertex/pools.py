@@ -1,9 +1,11 @@
-"""A Vertex AI custom job's worker pools, from a `TrainConfig` and a `Machine`: the chief, the workers and a
-Reduction Server, each running the trainer image's entry point (or the torchrun launcher) with the config's args.
+"""A Vertex AI custom job's worker pools, from a `TrainConfig` and a `Machine`: the chief, the
+workers and a Reduction Server, each running the trainer (or the torchrun launcher) with the
+config's args.
 
     >>> machine = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=2)
-    >>> pools = container_worker_pools(job_config("full"), machine, image_uri, reduction_server=ReductionServer(1))
-    >>> pools_table(pools)                                           # one row per pool, for a look
+    >>> pools = container_worker_pools(job_config("full"), machine, image_uri,
+    ...                                reduction_server=ReductionServer(1))
+    >>> pools_table(pools)                                           # one row per pool
 """
 
 from __future__ import annotations
@@ -20,16 +22,13 @@ from .errors import VertexError
 from .images import local_torch_version, prebuilt_image_uri
 
 TASK_MODULE = "nli_helpers.task"
-LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun on each replica (multi-process jobs)
-# Workerpool2 of a Reduction Server job: Google's reducer image on CPU machines; n1-highcpu-16 is what Google's
-# samples use (a VM's egress bandwidth grows with its vCPUs, and reducers need bandwidth, not memory).
+LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun on each replica
+# Reducers need network bandwidth, not memory, and a VM's bandwidth grows with its vCPUs;
+# n1-highcpu-16 is what Google's samples use.
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
-# A Spot job's time budget for checkpoints (--checkpoint_every_minutes) when its config sets none.
-# A preempted Spot VM is powered off 30 s after its notice, and Vertex documents no grace period for
-# a training container: the last checkpoint may never finish uploading, and the `full` profile would
-# then lose up to an epoch (hours). A roberta-base checkpoint takes about 10-20 s (benchmarks/
-# README.md): every 10 minutes that is 2-3% of the training time, for at most 10 minutes lost.
+# A Spot job checkpoints this often unless its config says: a preempted VM is off 30 s after its
+# notice, too soon to be sure of a last checkpoint (benchmarks/README.md weighs the interval).
 SPOT_CHECKPOINT_EVERY_MINUTES = 10
 
 
@@ -45,7 +44,8 @@ class Machine:
     def machine_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"machine_type": self.machine_type}
         if self.accelerator_type and self.accelerator_count:
-            spec.update(accelerator_type=self.accelerator_type, accelerator_count=self.accelerator_count)
+            spec.update(accelerator_type=self.accelerator_type,
+                        accelerator_count=self.accelerator_count)
         return spec
 
     @property
@@ -54,33 +54,33 @@ class Machine:
 
     @property
     def processes(self) -> int:
-        """Training processes of the job: one per GPU (one per machine without GPUs), on every replica."""
+        """Training processes: one per GPU (one per machine without GPUs), on every replica."""
         return self.replica_count * (self.accelerator_count if self.has_gpu else 1)
 
     @property
     def multi_process(self) -> bool:
-        """More than one training process (replicas, or GPUs per replica): the job must start through torchrun."""
+        """More than one training process: the job must start through torchrun."""
         return self.replica_count > 1 or (self.has_gpu and self.accelerator_count > 1)
 
 
 @dataclass(frozen=True)
 class ReductionServer:
-    """Workerpool2: reducers that aggregate the GPU nodes' NCCL all-reduce traffic (they run Google's image)."""
+    """Workerpool2: reducers that aggregate the GPU nodes' NCCL all-reduce (Google's image)."""
 
     replica_count: int = 1
     machine_type: str = REDUCTION_SERVER_MACHINE_TYPE
     image_uri: str = REDUCTION_SERVER_IMAGE
 
     def worker_pool(self) -> dict:
-        return {"machine_spec": {"machine_type": self.machine_type}, "replica_count": self.replica_count,
+        return {"machine_spec": {"machine_type": self.machine_type},
+                "replica_count": self.replica_count,
                 "container_spec": {"image_uri": self.image_uri}}
 
 
 def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: Any) -> TrainConfig:
-    """`make_config` for a Vertex AI job: the job's recipe is this argument, never this machine's hardware. A job
-    cannot read this machine's files, so on `smoke` its data is the real MultiNLI subset the package carries
-    unless you name one (a gs:// URI): $NLI_REAL_DATA, which `make_config` takes on smoke, is a local file. The
-    smoke model, MiniLM, is in the trainer image (docker/Dockerfile installs [smoke])."""
+    """`make_config` for a job: the recipe is this argument, never this machine's hardware. A job
+    cannot read this machine's files, so `smoke` trains on the MultiNLI subset the package carries
+    unless you name gs:// data ($NLI_REAL_DATA is a local file); its model is in the image."""
     name = check_profile(profile)
     if name == "smoke" and not overrides.get("data"):
         overrides["data"] = "mnli-subset"
@@ -88,33 +88,28 @@ def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: An
 
 
 def job_args(cfg: TrainConfig) -> list[str]:
-    """The trainer's arguments, without --job-dir (on Vertex the trainer writes to AIP_MODEL_DIR), and with
-    --resume=auto unless the config names a checkpoint: Vertex restarts a replica with the same command after VM
-    maintenance or a Spot preemption, and the restarted trainer must continue from its newest checkpoint in
-    AIP_CHECKPOINT_DIR, not start over (the trainer also assumes it there when AIP_CHECKPOINT_DIR is set)."""
+    """The trainer's arguments: no --job-dir (the trainer writes to AIP_MODEL_DIR), and
+    --resume=auto unless the config names a checkpoint, because Vertex restarts a replica with
+    the same command after maintenance or preemption and it must continue, not start over."""
     return dataclasses.replace(cfg, job_dir=None, resume=cfg.resume or "auto").to_cli_args()
 
 
 def python_package_worker_pools(cfg: TrainConfig, machine: Machine, package_uri: str, *,
                                 executor_image_uri: str | None = None, region: str = "us-central1",
                                 reduction_server: ReductionServer | None = None) -> list[dict]:
-    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the task module.
-
-    A multi-process job (several replicas or GPUs) runs `python -m nli_helpers.launch -- ARGS` instead, which
-    reads CLUSTER_SPEC and starts torchrun: Vertex's own RANK / WORLD_SIZE count nodes, not processes.
-    """
-    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu, region=region)
+    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the
+    trainer (preflight refuses this path: `images.prebuilt_image_problem`)."""
+    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu,
+                                                     region=region)
     module, args = _entry(cfg, machine)
-    code = {"executor_image_uri": image, "package_uris": [package_uri], "python_module": module, "args": args}
+    code = {"executor_image_uri": image, "package_uris": [package_uri], "python_module": module,
+            "args": args}
     return _pools(machine, "python_package_spec", code, reduction_server)
 
 
 def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *,
                            reduction_server: ReductionServer | None = None) -> list[dict]:
-    """Worker pools that run a custom image whose ENTRYPOINT is `python -m nli_helpers.task` (docker/Dockerfile).
-
-    A multi-process job overrides the ENTRYPOINT with `python -m nli_helpers.launch` (args `-- ARGS`).
-    """
+    """Worker pools that run the trainer image, whose ENTRYPOINT is `python -m nli_helpers.task`."""
     module, args = _entry(cfg, machine)
     code = {"image_uri": image_uri, "args": args}
     if module == LAUNCH_MODULE:
@@ -123,44 +118,49 @@ def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *
 
 
 def _entry(cfg: TrainConfig, machine: Machine) -> tuple[str, list[str]]:
+    # Several processes start through torchrun: Vertex's RANK and WORLD_SIZE count nodes.
     if machine.multi_process:
         return LAUNCH_MODULE, ["--", *job_args(cfg)]
     return TASK_MODULE, job_args(cfg)
 
 
-def _pools(machine: Machine, code_key: str, code: dict, reduction_server: ReductionServer | None) -> list[dict]:
-    # Vertex wants exactly one replica in pool 0 (the chief); further replicas go in pool 1, reducers in pool 2.
+def _pools(machine: Machine, code_key: str, code: dict,
+           reduction_server: ReductionServer | None) -> list[dict]:
+    # Vertex wants exactly one replica in pool 0 (the chief); others go in pool 1, reducers in 2.
     pool = {"machine_spec": machine.machine_spec(), code_key: code}
     pools = [{**pool, "replica_count": 1}]
     if machine.replica_count > 1:
         pools.append({**pool, "replica_count": machine.replica_count - 1})
     if reduction_server is not None:
         if len(pools) < 2:
-            raise VertexError("a Reduction Server reduces traffic between training nodes: set replica_count >= 2 "
-                              "(a chief and at least one worker), or drop reduction_server")
+            raise VertexError("a Reduction Server reduces traffic between training nodes: set "
+                              "replica_count >= 2 (a chief and at least one worker), or drop "
+                              "reduction_server")
         pools.append(reduction_server.worker_pool())
     return pools
 
 
 def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
-    """One row per worker pool (role, replicas, machine, GPUs, what it runs): for a quick look before submitting."""
+    """One row per worker pool (role, replicas, machine, GPUs, what it runs), for a look."""
     rows = []
     for i, pool in enumerate(worker_pool_specs):
-        spec, code = pool.get("machine_spec", {}), pool.get("python_package_spec") or pool.get("container_spec", {})
-        runs = code.get("python_module") or " ".join(code.get("command", [])) or "(image entry point)"
-        rows.append({"pool": f"workerpool{i}", "role": POOL_ROLES[i], "replicas": pool.get("replica_count", 0),
-                     "machine": spec.get("machine_type"), "gpus": f"{spec['accelerator_count']} x "
-                     f"{spec['accelerator_type']}" if spec.get("accelerator_type") else "-",
-                     "image": code.get("executor_image_uri") or code.get("image_uri"), "runs": runs,
-                     "args": " ".join(code.get("args", []))})
+        spec = pool.get("machine_spec", {})
+        code = pool.get("python_package_spec") or pool.get("container_spec", {})
+        runs = (code.get("python_module") or " ".join(code.get("command", []))
+                or "(image entry point)")
+        gpus = (f"{spec['accelerator_count']} x {spec['accelerator_type']}"
+                if spec.get("accelerator_type") else "-")
+        rows.append({"pool": f"workerpool{i}", "role": POOL_ROLES[i],
+                     "replicas": pool.get("replica_count", 0), "machine": spec.get("machine_type"),
+                     "gpus": gpus, "image": code.get("executor_image_uri") or code.get("image_uri"),
+                     "runs": runs, "args": " ".join(code.get("args", []))})
     return rows
 
 
 def spot_worker_pools(worker_pool_specs: list[dict]) -> list[dict]:
-    """A copy of the pools for a Spot job: each training pool that runs the trainer (its args name
-    --profile, as `job_args` always does) also checkpoints every SPOT_CHECKPOINT_EVERY_MINUTES,
-    unless its args set --checkpoint_every_minutes already (0 included: your choice). Takes the
-    SDK's snake_case pools and the REST body's camelCase ones."""
+    """A copy of the pools for a Spot job: each training pool running the trainer (its args name
+    --profile) also checkpoints every SPOT_CHECKPOINT_EVERY_MINUTES, unless its args set
+    --checkpoint_every_minutes (0 included). Takes snake_case (SDK) and camelCase (REST) pools."""
     budget = f"--checkpoint_every_minutes={SPOT_CHECKPOINT_EVERY_MINUTES:g}"
     pools = copy.deepcopy(worker_pool_specs)
     for pool in pools[:2]:  # the chief and the workers, not reducers
@@ -173,5 +173,5 @@ def spot_worker_pools(worker_pool_specs: list[dict]) -> list[dict]:
 
 
 def training_replicas(worker_pool_specs: list[dict]) -> int:
-    """How many replicas train (the chief pool and the workers pool; not reducers or evaluators)."""
+    """How many replicas train (the chief and workers pools; not reducers or evaluators)."""
     return sum(int(pool.get("replica_count", 0)) for pool in worker_pool_specs[:2])

@@ -1,7 +1,9 @@
-"""Check a Vertex AI job before it costs money: the bucket and its region, the machine and its GPUs, the image,
-the data, the batch and the labels. One error lists every problem; a warning is something to read, not a stop.
+"""Check a Vertex AI job before it costs money: the bucket and its region, the machine and its
+GPUs, the image, the data, the batch and the labels. One error lists every problem; a warning is
+something to read, not a stop.
 
-    >>> preflight(region="us-central1", staging_bucket="gs://b", machine=machine, cfg=cfg, image_uri=image_uri)
+    >>> preflight(region="us-central1", staging_bucket="gs://b", machine=machine, cfg=cfg,
+    ...           image_uri=image_uri)
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from .pools import REDUCTION_SERVER_MACHINE_TYPE, Machine, ReductionServer
 
 # Multi- and dual-region bucket locations, and the region-name prefixes / regions they contain.
 BUCKET_MULTI_REGIONS = {"US": ("us-", "northamerica-"), "EU": ("europe-",), "ASIA": ("asia-",),
-                        "NAM4": ("us-central1", "us-east1"), "EUR4": ("europe-north1", "europe-west4"),
+                        "NAM4": ("us-central1", "us-east1"),
+                        "EUR4": ("europe-north1", "europe-west4"),
                         "ASIA1": ("asia-northeast1", "asia-northeast2")}
 
 
@@ -48,13 +51,16 @@ class Check:
 
 
 def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainConfig | None = None,
-              sdist: str | Path | None = None, executor_image_uri: str | None = None, image_uri: str | None = None,
-              labels: dict[str, str] | None = None, reduction_server: ReductionServer | None = None,
-              raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
-    """Check a job before it costs money. Python-package path: pass `sdist`; custom container: pass `image_uri`."""
+              sdist: str | Path | None = None, executor_image_uri: str | None = None,
+              image_uri: str | None = None, labels: dict[str, str] | None = None,
+              reduction_server: ReductionServer | None = None, raise_on_failure: bool = True,
+              verbose: bool = True) -> list[Check]:
+    """Check a job before it costs money: pass `image_uri` for the trainer image (or `sdist` for
+    the python-package path)."""
     checks = [_check_bucket(staging_bucket, region), _check_machine(machine)]
     if reduction_server is not None:
-        checks.append(_check_reduction_server(reduction_server, machine, custom_container=bool(image_uri)))
+        checks.append(_check_reduction_server(reduction_server, machine,
+                                              custom_container=bool(image_uri)))
     if image_uri:
         checks.append(_check_container_image(image_uri, region, machine))
     else:
@@ -69,20 +75,21 @@ def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainC
         print("\n".join(map(str, checks)))
     failed = [c for c in checks if c.status == "fail"]
     if failed and raise_on_failure:
-        raise PreflightError("preflight failed, nothing was submitted:\n  - " + "\n  - ".join(
-            f"{c.name}: {c.message}" for c in failed))
+        raise PreflightError("preflight failed, nothing was submitted:\n  - "
+                             + "\n  - ".join(f"{c.name}: {c.message}" for c in failed))
     return checks
 
 
 def bucket_location_check(location: str, region: str) -> Check:
-    """Is a bucket in `location` usable by a job in `region`? Regional and same: ok; containing multi-region: warn."""
+    """Is a bucket in `location` usable by a job in `region`? The same region: ok; a multi-region
+    that contains it: warn; else fail."""
     loc, name = location.upper(), "bucket location"
     if loc == region.upper():
         return Check(name, "ok", f"{loc} is the job's region")
     create = f"create one there: gcloud storage buckets create gs://BUCKET --location={region}"
     if region.startswith(BUCKET_MULTI_REGIONS.get(loc, ())):
-        return Check(name, "warn", f"{loc} contains {region}: custom jobs work, but some Vertex services require a "
-                     f"bucket in the job's region; {create}")
+        return Check(name, "warn", f"{loc} contains {region}: custom jobs work, but some Vertex "
+                     f"services require a bucket in the job's region; {create}")
     return Check(name, "fail", f"the bucket is in {loc} but the job runs in {region}: {create}")
 
 
@@ -93,91 +100,107 @@ def _check_bucket(staging_bucket: str, region: str) -> Check:
     except (NLIError, api_exceptions.GoogleAPIError, GoogleAuthError) as err:
         return Check("staging bucket", "fail", f"cannot read gs://{bucket_name}: {err}")
     if bucket is None:
-        return Check("staging bucket", "fail", f"gs://{bucket_name} does not exist: create it in the job's region "
-                     f"with `gcloud storage buckets create gs://{bucket_name} --location={region}`")
+        return Check("staging bucket", "fail", f"gs://{bucket_name} does not exist: create it in "
+                     f"the job's region with `gcloud storage buckets create gs://{bucket_name} "
+                     f"--location={region}`")
     where = bucket_location_check(bucket.location or "", region)
-    return dataclasses.replace(where, name="staging bucket", message=f"gs://{bucket_name}: {where.message}")
+    return dataclasses.replace(where, name="staging bucket",
+                               message=f"gs://{bucket_name}: {where.message}")
 
 
 def _check_machine(machine: Machine) -> Check:
-    problem = accelerator_problem(machine.machine_type, machine.accelerator_type, machine.accelerator_count)
+    problem = accelerator_problem(machine.machine_type, machine.accelerator_type,
+                                  machine.accelerator_count)
     if problem is None and machine.replica_count < 1:
         problem = f"replica_count={machine.replica_count} must be >= 1"
-    gpus = f" + {machine.accelerator_count} x {machine.accelerator_type}" if machine.accelerator_type else " (no GPU)"
-    return Check("machine", "fail" if problem else "ok", problem or f"{machine.machine_type}{gpus} "
-                 f"x {machine.replica_count} replica(s)")
+    gpus = (f" + {machine.accelerator_count} x {machine.accelerator_type}"
+            if machine.accelerator_type else " (no GPU)")
+    return Check("machine", "fail" if problem else "ok",
+                 problem or f"{machine.machine_type}{gpus} x {machine.replica_count} replica(s)")
 
 
-def _check_reduction_server(server: ReductionServer, machine: Machine, *, custom_container: bool) -> Check:
+def _check_reduction_server(server: ReductionServer, machine: Machine, *,
+                            custom_container: bool) -> Check:
     name = "reduction server"
     if not machine.has_gpu:
-        return Check(name, "fail", "Reduction Server speeds up NCCL all-reduce between GPU nodes, and NCCL needs "
-                     "GPUs: give the training pools an accelerator_type and accelerator_count, or drop the "
-                     "Reduction Server pool (CPU replicas use gloo, which it does not serve)")
+        return Check(name, "fail", "Reduction Server speeds up NCCL all-reduce between GPU nodes, "
+                     "and NCCL needs GPUs: give the training pools an accelerator_type and "
+                     "accelerator_count, or drop the Reduction Server pool (CPU replicas use gloo, "
+                     "which it does not serve)")
     if machine.replica_count < 2:
-        return Check(name, "fail", "a single training node has no traffic between nodes to reduce: set "
-                     "replica_count >= 2, or drop the Reduction Server pool")
+        return Check(name, "fail", "a single training node has no traffic between nodes to "
+                     "reduce: set replica_count >= 2, or drop the Reduction Server pool")
     problem = accelerator_problem(server.machine_type, None, 0)
     if problem or server.replica_count < 1:
-        return Check(name, "fail", f"reducers run on CPU machines without GPUs ({REDUCTION_SERVER_MACHINE_TYPE} is "
-                     f"the usual choice), at least one replica: {problem or f'replica_count={server.replica_count}'}")
+        problem = problem or f"replica_count={server.replica_count}"
+        return Check(name, "fail", "reducers run on CPU machines without GPUs "
+                     f"({REDUCTION_SERVER_MACHINE_TYPE} is the usual choice), at least one "
+                     f"replica: {problem}")
     summary = f"{server.replica_count} x {server.machine_type} running {server.image_uri}"
     if custom_container:
-        return Check(name, "ok", f"{summary}; the training image must carry Google's NCCL plugin (the "
-                     "google-reduction-server package): docker/Dockerfile installs it, an image of your own must too, "
-                     "or NCCL ignores the reducers")
+        return Check(name, "ok", f"{summary}; the training image must carry Google's NCCL plugin "
+                     "(the google-reduction-server package): docker/Dockerfile installs it, an "
+                     "image of your own must too, or NCCL ignores the reducers")
     return Check(name, "ok", summary)
 
 
 def _check_sdist(sdist: str | Path | None) -> Check:
     if sdist is None or not Path(sdist).is_file() or not str(sdist).endswith(".tar.gz"):
-        return Check("package", "fail", f"no built sdist at {sdist}: build it with packaging.build_sdist()")
+        return Check("package", "fail",
+                     f"no built sdist at {sdist}: build it with packaging.build_sdist()")
     return Check("package", "ok", f"{Path(sdist).name} ({Path(sdist).stat().st_size / 1e3:.0f} kB)")
 
 
 def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, region: str) -> Check:
     if executor_image_uri is None:
         try:
-            executor_image_uri = prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu, region=region)
+            executor_image_uri = prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu,
+                                                    region=region)
         except NoPrebuiltImageError as err:
             return Check("image/torch", "fail", str(err))
     problem = prebuilt_image_problem(executor_image_uri)
     if problem:
         return Check("image/torch", "fail", problem)
     image = prebuilt_image(executor_image_uri)
-    return Check("image/torch", "ok", f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
+    return Check("image/torch", "ok",
+                 f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
 
 
 def _check_container_image(image_uri: str, region: str, machine: Machine) -> Check:
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
-        return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: expected "
-                     "REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG (vertex.trainer_image_uri)")
+        return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: "
+                     "expected REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG "
+                     "(vertex.trainer_image_uri)")
     cuda = image_torch_cuda(image_uri)
     problem = image_gpu_problem(machine.accelerator_type, cuda or DEFAULT_TORCH_CUDA)
     if problem:
         return Check("image/torch", "fail", problem)
     notes = []
     if machine.has_gpu and cuda is None:
-        notes.append(f"its tag names no torch CUDA build (trainer_image_uri tags it, e.g. 0.1.0-cu126): "
-                     f"taken as docker/Dockerfile's default {DEFAULT_TORCH_CUDA}")
+        notes.append("its tag names no torch CUDA build (trainer_image_uri tags it, e.g. "
+                     f"0.1.0-cu126): taken as docker/Dockerfile's default {DEFAULT_TORCH_CUDA}")
     build = TORCH_CUDA_BUILDS[cuda or DEFAULT_TORCH_CUDA]
     if machine.has_gpu and build.min_driver >= 580:
-        notes.append(f"a {build.tag} build needs an NVIDIA driver >= {build.min_driver}, and Vertex AI documents "
-                     "no driver version for its training VMs: if the job cannot see its GPUs, rebuild with cu126")
+        notes.append(f"a {build.tag} build needs an NVIDIA driver >= {build.min_driver}, and "
+                     "Vertex AI documents no driver version for its training VMs: if the job "
+                     "cannot see its GPUs, rebuild with cu126")
     host = image_uri.split("/", 1)[0]
-    if host.endswith("-docker.pkg.dev") and not host.startswith((f"{region}-", "us-", "europe-", "asia-")):
-        notes.append(f"it lives in {host.removesuffix('-docker.pkg.dev')}, the job runs in {region}: every "
-                     "replica pulls it across regions (slower, egress charges)")
+    nearby = (f"{region}-", "us-", "europe-", "asia-")
+    if host.endswith("-docker.pkg.dev") and not host.startswith(nearby):
+        notes.append(f"it lives in {host.removesuffix('-docker.pkg.dev')}, the job runs in "
+                     f"{region}: every replica pulls it across regions (slower, egress charges)")
     if notes:
         return Check("image/torch", "warn", f"{image_uri}: " + "; ".join(notes))
     gpu = f", which runs {machine.accelerator_type}" if machine.has_gpu else ""
-    return Check("image/torch", "ok", f"custom container {image_uri}: torch {build.tag} (CUDA {build.cuda}){gpu}")
+    return Check("image/torch", "ok",
+                 f"custom container {image_uri}: torch {build.tag} (CUDA {build.cuda}){gpu}")
 
 
 def _check_data(cfg: TrainConfig) -> Check:
     if cfg.data and not storage.is_gcs_uri(cfg.data) and Path(cfg.data).expanduser().exists():
-        return Check("data", "fail", f"data={cfg.data} is a local path the Vertex worker cannot see: upload it with "
-                     "storage.upload(path, 'gs://BUCKET/data/...') and pass the gs:// URI (or data='sample')")
+        return Check("data", "fail", f"data={cfg.data} is a local path the Vertex worker cannot "
+                     "see: upload it with storage.upload(path, 'gs://BUCKET/data/...') and pass "
+                     "the gs:// URI (or data='sample')")
     return Check("data", "ok", f"data={cfg.data or 'the profile default'}")
 
 
@@ -186,14 +209,15 @@ def _check_batch(cfg: TrainConfig, machine: Machine) -> Check:
         line = batch_line(cfg, machine.processes)
         return Check("batch", "warn" if "warning:" in line else "ok", line.replace("\n", "; "))
     except ConfigError as err:
-        return Check("batch", "fail", f"{err} (the job has {machine.processes} training processes: one per GPU "
-                     "of every replica)")
+        return Check("batch", "fail", f"{err} (the job has {machine.processes} training "
+                     "processes: one per GPU of every replica)")
 
 
 def _check_labels(labels: dict[str, str]) -> Check:
     bad = [k for k, v in labels.items() if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)
            or not re.fullmatch(r"[a-z0-9_-]{0,63}", v)]
     if bad:
-        return Check("labels", "fail", f"invalid label(s) {', '.join(bad)}: keys start with a lowercase letter; keys "
-                     "and values use only lowercase letters, digits, '_' and '-', at most 63 characters")
+        return Check("labels", "fail", f"invalid label(s) {', '.join(bad)}: keys start with a "
+                     "lowercase letter; keys and values use only lowercase letters, digits, '_' "
+                     "and '-', at most 63 characters")
     return Check("labels", "ok", ", ".join(f"{k}={v}" for k, v in labels.items()))

@@ -1,22 +1,15 @@
-"""The machine catalogue for Vertex AI training: which GPU each machine type carries, and what an hour costs.
-
-Two small tables that `nli_helpers.vertex` checks a job against before it spends money:
+"""The machine catalogue for Vertex AI training: which GPUs a machine takes, what an hour costs.
 
     >>> accelerator_problem("g2-standard-8", "NVIDIA_TESLA_T4", 1)     # None when the pair is valid
-    'g2-standard-8 comes with 1 x NVIDIA_L4 attached; use accelerator_type="NVIDIA_L4", accelerator_count=1'
+    'g2-standard-8 comes with 1 x NVIDIA_L4 attached; use accelerator_type="NVIDIA_L4", ...'
     >>> print(estimate_cost("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=1, hours=2))
     about $1.68 = (n1-standard-8 $0.4370/h + 1 x NVIDIA_TESLA_T4 $0.4025/h) x 1 replica x 2 h ...
-    >>> print(estimate_job_cost(worker_pool_specs, hours=2))     # every pool of a Vertex job, summed
+    >>> print(estimate_job_cost(worker_pool_specs, hours=2))     # every pool of a job, summed
 
-The prices are APPROXIMATE on-demand list prices of Vertex AI custom training in us-central1, in USD per
-hour, transcribed from the pricing page (PRICE_SOURCE) as it stood in mid-2025 and NOT re-checked since:
-the build machines cannot reach Google Cloud. Other regions, Spot VMs and committed-use discounts all
-differ. Check PRICE_SOURCE (or the Cloud Billing SKU list) before relying on a number.
-
-The A3 (H100) rows were added on 2026-11-23 and come from elsewhere (A3_PRICE_SOURCE): Compute Engine's
-on-demand list prices for us-central1 as read from the Cloud Billing catalog in 2026-09, times 1.15, the
-Vertex AI training markup that the table's N1 and A2 rows show against Compute Engine (e.g. A100: $2.934
-x 1.15 = $3.3741). An A3 machine's price includes its H100s (Compute Engine sells them together).
+The prices are approximate on-demand list prices of Vertex AI custom training in us-central1
+(USD per hour), transcribed from PRICE_SOURCE as of PRICE_TABLE_DATE; the A3 rows come from
+A3_PRICE_SOURCE. Spot VMs, other regions and discounts differ: check the page before relying on
+a number.
 """
 
 from __future__ import annotations
@@ -26,50 +19,40 @@ from dataclasses import dataclass
 
 from nli_helpers.config import NLIError
 
-PRICE_SOURCE = "https://cloud.google.com/vertex-ai/pricing#custom-trained_models (Training: machine types, accelerators)"
+PRICE_SOURCE = ("https://cloud.google.com/vertex-ai/pricing#custom-trained_models "
+                "(Training: machine types, accelerators)")
 PRICE_REGION = "us-central1"
 PRICE_TABLE_DATE = "2025-06 (transcribed; not re-checked on 2026-11-22)"
 
-# USD per hour per replica for the VM itself (vCPUs and memory; the GPU is priced separately below).
+# USD per hour per replica for the VM itself (vCPUs and memory; GPUs are priced below).
 MACHINE_PRICES_PER_HOUR: dict[str, float] = {
-    "n1-standard-4": 0.2185,
-    "n1-standard-8": 0.4370,
-    "n1-standard-16": 0.8740,
-    "n1-standard-32": 1.7480,
-    "n1-highmem-8": 0.5442,
-    "n1-highmem-16": 1.0883,
-    "n1-highcpu-16": 0.6518,  # Reduction Server machine: Compute Engine $0.5668/h x 1.15, as for the n1 rows above
-    "g2-standard-4": 0.1685,
-    "g2-standard-8": 0.3370,
-    "a2-highgpu-1g": 0.8504,
-    "a2-highgpu-2g": 1.7008,
-    "a2-highgpu-4g": 3.4016,
+    "n1-standard-4": 0.2185, "n1-standard-8": 0.4370, "n1-standard-16": 0.8740,
+    "n1-standard-32": 1.7480, "n1-highmem-8": 0.5442, "n1-highmem-16": 1.0883,
+    "n1-highcpu-16": 0.6518,  # Reduction Server machine: Compute Engine $0.5668/h x 1.15, as for n1
+    "g2-standard-4": 0.1685, "g2-standard-8": 0.3370,
+    "a2-highgpu-1g": 0.8504, "a2-highgpu-2g": 1.7008, "a2-highgpu-4g": 3.4016,
     "a2-highgpu-8g": 6.8032,
-    # A3: the machine price includes its NVIDIA_H100_80GB GPUs (A3_PRICE_SOURCE; Compute Engine $10.98/GPU-hour).
-    "a3-highgpu-1g": 12.6260,
-    "a3-highgpu-2g": 25.2520,
-    "a3-highgpu-4g": 50.5040,
+    # A3: the price includes its NVIDIA_H100_80GB GPUs (Compute Engine sells them together).
+    "a3-highgpu-1g": 12.6260, "a3-highgpu-2g": 25.2520, "a3-highgpu-4g": 50.5040,
     "a3-highgpu-8g": 101.7635,
 }
-A3_PRICE_SOURCE = ("Compute Engine on-demand list prices, us-central1, from the Cloud Billing catalog as read 2026-09 "
-                   "(a3-highgpu-1g $10.98/h, 2g and 4g taken as 2x and 4x that, a3-highgpu-8g $88.49/h) x 1.15 (Vertex AI training markup); not read from "
-                   "the Vertex AI pricing page: check " + "https://cloud.google.com/vertex-ai/pricing")
-# GPUs whose price is part of their machine type's row (Compute Engine sells A3 machines with their GPUs).
+# Compute Engine's price x 1.15, the markup the N1 and A2 rows show (A100: $2.934 x 1.15 = $3.3741).
+A3_PRICE_SOURCE = ("Compute Engine on-demand list prices, us-central1, from the Cloud Billing "
+                   "catalog as read 2026-09 (a3-highgpu-1g $10.98/h, 2g and 4g taken as 2x and 4x "
+                   "that, a3-highgpu-8g $88.49/h) x 1.15 (Vertex AI training markup); not read "
+                   "from the Vertex AI pricing page: check "
+                   "https://cloud.google.com/vertex-ai/pricing")
 PRICED_WITH_MACHINE = {"NVIDIA_H100_80GB"}
 
 # USD per hour per GPU.
 ACCELERATOR_PRICES_PER_HOUR: dict[str, float] = {
-    "NVIDIA_TESLA_T4": 0.4025,
-    "NVIDIA_TESLA_P4": 0.6900,
-    "NVIDIA_TESLA_P100": 1.6790,
-    "NVIDIA_TESLA_V100": 2.8520,
-    "NVIDIA_L4": 0.6440,
-    "NVIDIA_TESLA_A100": 3.3741,
+    "NVIDIA_TESLA_T4": 0.4025, "NVIDIA_TESLA_P4": 0.6900, "NVIDIA_TESLA_P100": 1.6790,
+    "NVIDIA_TESLA_V100": 2.8520, "NVIDIA_L4": 0.6440, "NVIDIA_TESLA_A100": 3.3741,
     "NVIDIA_A100_80GB": 4.5173,
 }
 
-# Accelerator-optimized families come with their GPUs attached: (name pattern, GPU type, count or None to
-# read the count from the "-<N>g" suffix). From Compute Engine's "GPU machine types" page.
+# Accelerator-optimized machines come with their GPUs (https://cloud.google.com/compute/docs/gpus):
+# (name pattern, GPU, count, or None to read it from the "-<N>g" suffix).
 ATTACHED_GPUS: list[tuple[str, str, int | None]] = [
     (r"a2-(highgpu|megagpu)-\d+g", "NVIDIA_TESLA_A100", None),
     (r"a2-ultragpu-\d+g", "NVIDIA_A100_80GB", None),
@@ -82,19 +65,15 @@ ATTACHED_GPUS: list[tuple[str, str, int | None]] = [
     (r"g2-standard-48", "NVIDIA_L4", 4),
     (r"g2-standard-96", "NVIDIA_L4", 8),
 ]
-# N1 machines take a GPU you choose, in these counts, each count with at most so many vCPUs and GB of memory:
-# {GPU: {count: (max vCPUs, max memory GB)}}. From Compute Engine's "GPU machine types" page, N1 section
-# (https://cloud.google.com/compute/docs/gpus); transcribed from memory of that table on 2026-11-23 and NOT
-# re-read (the build machines cannot reach it). P100 x 4 allows 96 vCPUs / 624 GB in a few zones; 64 / 208 here.
+# N1 machines take a GPU in these counts, each with at most (vCPUs, GB of memory): the same page's
+# N1 section, transcribed from memory, not re-read. P100 x 4 allows 96 / 624 in a few zones.
 N1_GPU_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
     "NVIDIA_TESLA_T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
     "NVIDIA_TESLA_P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
     "NVIDIA_TESLA_P100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
     "NVIDIA_TESLA_V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
 }
-N1_GPU_COUNTS: dict[str, tuple[int, ...]] = {gpu: tuple(limits) for gpu, limits in N1_GPU_LIMITS.items()}
-# GB of memory per vCPU of the predefined N1 families.
-N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}  # GB
 
 
 class PricingError(NLIError):
@@ -102,39 +81,42 @@ class PricingError(NLIError):
 
 
 def attached_gpus(machine_type: str) -> tuple[str, int] | None:
-    """(GPU type, count) that an accelerator-optimized machine type comes with, or None for other families."""
+    """(GPU type, count) an accelerator-optimized machine comes with, or None for other families."""
     for pattern, gpu, count in ATTACHED_GPUS:
         if re.fullmatch(pattern, machine_type):
-            return gpu, count if count is not None else int(re.search(r"-(\d+)g$", machine_type).group(1))
+            return gpu, count if count is not None else int(re.search(r"-(\d+)g$", machine_type)[1])
     return None
 
 
-def accelerator_problem(machine_type: str, accelerator_type: str | None, accelerator_count: int) -> str | None:
+def accelerator_problem(machine_type: str, accelerator_type: str | None,
+                        accelerator_count: int) -> str | None:
     """None when the machine can carry this accelerator, else a message saying what would work."""
     attached = attached_gpus(machine_type)
     if attached:
         gpu, count = attached
         if (accelerator_type, accelerator_count) != (gpu, count):
-            return (f"{machine_type} comes with {count} x {gpu} attached; use accelerator_type=\"{gpu}\", "
-                    f"accelerator_count={count}")
+            return (f"{machine_type} comes with {count} x {gpu} attached; use "
+                    f"accelerator_type=\"{gpu}\", accelerator_count={count}")
         return None
     if not accelerator_type:
-        return None if accelerator_count == 0 else f"accelerator_count={accelerator_count} without an accelerator_type"
+        return None if accelerator_count == 0 else (
+            f"accelerator_count={accelerator_count} without an accelerator_type")
     if not machine_type.startswith("n1-"):
-        return (f"{machine_type} cannot take a {accelerator_type}: GPUs attach to n1-* machines (T4, P4, P100, "
-                "V100) or come with a2-* (A100), a3-* (H100/H200), g2-* (L4) machines")
-    if accelerator_type not in N1_GPU_COUNTS:
+        return (f"{machine_type} cannot take a {accelerator_type}: GPUs attach to n1-* machines "
+                "(T4, P4, P100, V100) or come with a2-* (A100), a3-* (H100/H200), g2-* (L4) "
+                "machines")
+    if accelerator_type not in N1_GPU_LIMITS:
         return (f"{accelerator_type} does not attach to {machine_type}; n1-* machines take "
-                f"{', '.join(N1_GPU_COUNTS)}")
-    if accelerator_count not in N1_GPU_COUNTS[accelerator_type]:
+                f"{', '.join(N1_GPU_LIMITS)}")
+    if accelerator_count not in N1_GPU_LIMITS[accelerator_type]:
         return (f"{accelerator_type} attaches to n1-* machines in counts of "
-                f"{', '.join(map(str, N1_GPU_COUNTS[accelerator_type]))}, not {accelerator_count}")
+                f"{', '.join(map(str, N1_GPU_LIMITS[accelerator_type]))}, not {accelerator_count}")
     return n1_size_problem(machine_type, accelerator_type, accelerator_count)
 
 
 def n1_size_problem(machine_type: str, accelerator_type: str, accelerator_count: int) -> str | None:
-    """None when an N1 machine is small enough for its GPUs, else what to use (Compute Engine caps vCPUs and memory
-    per GPU count: one V100 takes at most 12 vCPUs, so n1-standard-16 + 1 x V100 does not exist)."""
+    """None when an N1 machine is small enough for its GPUs (one V100 takes at most 12 vCPUs), else
+    what to use instead."""
     found = re.fullmatch(r"n1-(standard|highmem|highcpu)-(\d+)", machine_type)
     if not found:
         return None  # custom N1 shapes: not checked here
@@ -142,11 +124,12 @@ def n1_size_problem(machine_type: str, accelerator_type: str, accelerator_count:
     max_vcpus, max_memory = N1_GPU_LIMITS[accelerator_type][accelerator_count]
     if vcpus <= max_vcpus and memory <= max_memory:
         return None
-    fits = [c for c, (v, m) in sorted(N1_GPU_LIMITS[accelerator_type].items()) if vcpus <= v and memory <= m]
-    hint = (f"use at most {max_vcpus} vCPUs ({max_memory} GB) with {accelerator_count} x {accelerator_type}"
-            + (f", or attach {fits[0]} GPUs" if fits else ""))
-    return (f"{machine_type} ({vcpus} vCPUs, {memory:g} GB) is too large for {accelerator_count} x {accelerator_type}: "
-            f"{hint}")
+    fits = [c for c, (v, m) in sorted(N1_GPU_LIMITS[accelerator_type].items())
+            if vcpus <= v and memory <= m]
+    hint = (f"use at most {max_vcpus} vCPUs ({max_memory} GB) with {accelerator_count} x "
+            f"{accelerator_type}" + (f", or attach {fits[0]} GPUs" if fits else ""))
+    return (f"{machine_type} ({vcpus} vCPUs, {memory:g} GB) is too large for {accelerator_count} x "
+            f"{accelerator_type}: {hint}")
 
 
 @dataclass(frozen=True)
@@ -162,7 +145,8 @@ class CostEstimate:
     @property
     def per_hour(self) -> float:
         """USD per hour for the whole job (every replica)."""
-        return (self.machine_per_hour + self.accelerator_count * self.accelerator_per_hour) * self.replica_count
+        gpus = self.accelerator_count * self.accelerator_per_hour
+        return (self.machine_per_hour + gpus) * self.replica_count
 
     @property
     def total(self) -> float:
@@ -171,14 +155,13 @@ class CostEstimate:
     @property
     def sources(self) -> str:
         a3 = f"; A3 rows: {A3_PRICE_SOURCE}" if self.machine_type.startswith("a3-") else ""
-        return (f"approximate on-demand list prices in {PRICE_REGION} as of {PRICE_TABLE_DATE}; Spot VMs cost less, "
-                f"other regions differ: check {PRICE_SOURCE}{a3}")
+        return (f"approximate on-demand list prices in {PRICE_REGION} as of {PRICE_TABLE_DATE}; "
+                f"Spot VMs cost less, other regions differ: check {PRICE_SOURCE}{a3}")
 
     def __str__(self) -> str:
-        gpu = gpu_text(self)
         replicas = f"{self.replica_count} replica{'s' if self.replica_count != 1 else ''}"
-        return (f"about ${self.total:.2f} = ({self.machine_type} ${self.machine_per_hour:.4f}/h{gpu}) x {replicas} "
-                f"x {self.hours:g} h; {self.sources}")
+        return (f"about ${self.total:.2f} = ({self.machine_type} ${self.machine_per_hour:.4f}/h"
+                f"{gpu_text(self)}) x {replicas} x {self.hours:g} h; {self.sources}")
 
 
 def gpu_text(est: CostEstimate) -> str:
@@ -190,25 +173,29 @@ def gpu_text(est: CostEstimate) -> str:
     return f" + {est.accelerator_count} x {est.accelerator_type} ${est.accelerator_per_hour:.4f}/h"
 
 
-def estimate_cost(machine_type: str, accelerator_type: str | None = None, accelerator_count: int = 0,
-                  replica_count: int = 1, hours: float = 1.0) -> CostEstimate:
+def estimate_cost(machine_type: str, accelerator_type: str | None = None,
+                  accelerator_count: int = 0, replica_count: int = 1,
+                  hours: float = 1.0) -> CostEstimate:
     """Approximate cost of `hours` of training on `replica_count` machines, each with its GPUs."""
     if hours < 0 or replica_count < 1:
         raise PricingError(f"hours={hours} must be >= 0 and replica_count={replica_count} >= 1")
     if machine_type not in MACHINE_PRICES_PER_HOUR:
-        raise PricingError(f"no price for machine type {machine_type!r} in the table ({PRICE_TABLE_DATE}); it "
-                           f"knows {', '.join(MACHINE_PRICES_PER_HOUR)}. Look it up at {PRICE_SOURCE}")
+        raise PricingError(f"no price for machine type {machine_type!r} in the table "
+                           f"({PRICE_TABLE_DATE}); it knows {', '.join(MACHINE_PRICES_PER_HOUR)}. "
+                           f"Look it up at {PRICE_SOURCE}")
     gpu_price = 0.0
     if accelerator_type and accelerator_count and accelerator_type not in PRICED_WITH_MACHINE:
         if accelerator_type not in ACCELERATOR_PRICES_PER_HOUR:
-            raise PricingError(f"no price for accelerator {accelerator_type!r} in the table ({PRICE_TABLE_DATE}); "
-                               f"it knows {', '.join(ACCELERATOR_PRICES_PER_HOUR)}. Look it up at {PRICE_SOURCE}")
+            known = ", ".join(ACCELERATOR_PRICES_PER_HOUR)
+            raise PricingError(f"no price for accelerator {accelerator_type!r} in the table "
+                               f"({PRICE_TABLE_DATE}); it knows {known}. "
+                               f"Look it up at {PRICE_SOURCE}")
         gpu_price = ACCELERATOR_PRICES_PER_HOUR[accelerator_type]
     return CostEstimate(machine_type, MACHINE_PRICES_PER_HOUR[machine_type], accelerator_type,
-                        accelerator_count if accelerator_type else 0, gpu_price, replica_count, hours)
+                        accelerator_count if accelerator_type else 0, gpu_price, replica_count,
+                        hours)
 
 
-# -- every pool of a job ---------------------------------------------------------------------------------------
 POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")  # Vertex's workerpool0..3
 
 
@@ -228,23 +215,25 @@ class JobCostEstimate:
 
     def __str__(self) -> str:
         hours = self.pools[0][1].hours
-        lines = [f"about ${self.total:.2f} = ${self.per_hour:.4f}/h x {hours:g} h, over every pool:"]
+        lines = [f"about ${self.total:.2f} = ${self.per_hour:.4f}/h x {hours:g} h, "
+                 "over every pool:"]
         for name, est in self.pools:
-            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} ${est.machine_per_hour:.4f}/h"
-                         f"{gpu_text(est)}) = ${est.per_hour:.4f}/h")
+            lines.append(f"  {name}: {est.replica_count} x ({est.machine_type} "
+                         f"${est.machine_per_hour:.4f}/h{gpu_text(est)}) = ${est.per_hour:.4f}/h")
         lines.append(max((est.sources for _, est in self.pools), key=len))
         return "\n".join(lines)
 
 
 def estimate_job_cost(worker_pool_specs: list[dict], hours: float = 1.0) -> JobCostEstimate:
-    """Price every worker pool of a job (chief, workers, reduction server) for `hours` from the table in pricing.py."""
+    """Price every worker pool of a job (chief, workers, reduction server) for `hours`."""
     parts = []
     for i, pool in enumerate(worker_pool_specs):
         spec = pool.get("machine_spec", {})
         if not pool.get("replica_count"):
             continue
         try:
-            est = estimate_cost(spec["machine_type"], spec.get("accelerator_type"), spec.get("accelerator_count", 0),
+            est = estimate_cost(spec["machine_type"], spec.get("accelerator_type"),
+                                spec.get("accelerator_count", 0),
                                 replica_count=pool["replica_count"], hours=hours)
         except PricingError as err:
             raise PricingError(f"workerpool{i} ({POOL_ROLES[i]}): {err}") from err
