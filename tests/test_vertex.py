@@ -225,6 +225,13 @@ def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     assert "invalid label(s) Team" in message
 
 
+def test_preflight_names_zero_replicas_instead_of_crashing(gcs_bucket):
+    with pytest.raises(vertex.PreflightError) as err:
+        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri="gcr.io/p/trainer:1",
+                         machine=Machine("n1-standard-4", None, 0, replica_count=0), cfg=make_config("smoke"))
+    assert "replica_count=0 must be >= 1" in str(err.value)
+
+
 def test_preflight_fails_a_global_batch_that_does_not_split_over_the_gpus(gcs_bucket):
     three = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=3)
     with pytest.raises(vertex.PreflightError, match=r"batch_size=32 \(the global batch\) does not split over 3 "

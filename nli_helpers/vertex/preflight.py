@@ -205,6 +205,8 @@ def _check_data(cfg: TrainConfig) -> Check:
 
 
 def _check_batch(cfg: TrainConfig, machine: Machine) -> Check:
+    if machine.processes < 1:  # the machine check names the replica count
+        return Check("batch", "fail", "no training process to split the batch over")
     try:
         line = batch_line(cfg, machine.processes)
         return Check("batch", "warn" if "warning:" in line else "ok", line.replace("\n", "; "))
