@@ -51,8 +51,6 @@ PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field carrying its `--help` text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 

@@ -244,15 +244,13 @@ def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str
             "(docker/README.md, the table of builds)")
 
 
-def check_accelerator(cfg: TrainConfig, *, cuda_available: bool | None = None) -> None:
+def check_accelerator(cfg: TrainConfig) -> None:
     """Stop before anything loads when a run that needs a GPU has none: the `full` profile, or a
     Vertex AI replica that asked for GPUs and cannot use them."""
     if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1":
         return
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
-    if cuda:
-        problem = cuda_available is None and gpu_kernel_problem(
-            torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
+    if torch.cuda.is_available():
+        problem = gpu_kernel_problem(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
         if problem:
             raise NoGPUError(problem)
         return
