@@ -5,8 +5,8 @@ device trains in, and whether the GPU a run needs is usable.
     >>> device = device_for(info)
     >>> precision = resolve_precision("auto", device)   # bf16, fp16 or fp32
 
-Without torchrun's RANK / LOCAL_RANK / WORLD_SIZE, `init_distributed` returns a single-process
-`DistInfo` and touches nothing. On Vertex AI those variables count nodes, not processes, so a
+Without torchrun's RANK and LOCAL_RANK, `init_distributed` returns a single-process `DistInfo`
+and touches nothing. On Vertex AI those variables count nodes, not processes, so a
 container must not call `init_process_group` itself: `python -m nli_helpers.launch` starts torchrun.
 """
 

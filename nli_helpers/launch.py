@@ -29,7 +29,8 @@ from .config import NLIError
 # Each trainer process that stops for a SIGTERM leaves a file in this folder (task.mark_preempted).
 PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
 RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE, not imported: no torch at start-up
-# torch's default is 30 s: too short to upload a roberta-base checkpoint (benchmarks/README.md).
+# torch's default is 30 s: torchrun must never cut a checkpoint's upload short itself
+# (benchmarks/README.md, "Preemption").
 SHUTDOWN_TIMEOUT_S = 300
 REDUCTION_SERVER_POOL = "workerpool2"
 DEFAULT_MASTER_PORT = 29500

@@ -7,8 +7,8 @@ Two `TrainCallback`s, which `run_training` attaches through `default_callbacks(c
   Vertex AI, else `<job_dir>/tensorboard`; a gs:// one is written locally and uploaded.
 * `HypertuneCallback(metric)`: in a tuning trial (`$CLOUD_ML_TRIAL_ID` set) or when
   `cfg.hypertune_metric` asks, reports a validation metric through Google's `cloudml-hypertune`,
-  which appends to `$CLOUD_ML_HP_METRIC_FILE` (default /tmp/hypertune/output.metrics) for Vertex
-  AI to read. The metric id is the tuning job's `metric_spec` key; the legacy AI Platform's
+  which writes it to `$CLOUD_ML_HP_METRIC_FILE` (default /tmp/hypertune/output.metrics) for
+  Vertex AI to read. The metric id is the tuning job's `metric_spec` key; the legacy AI Platform's
   `$CLOUD_ML_HP_METRIC_TAG` is used when no `hypertune_metric` is given.
 
 A callback of the same kind that you pass yourself replaces the default one:
