@@ -199,10 +199,6 @@ def _load_classifier(path: str, num_labels: int):
             path, attn_implementation="eager", **kwargs)
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 PROB_COLUMNS = [f"p_{label}" for label in LABELS]
 
 
