@@ -52,7 +52,6 @@ class CheckpointError(NLIError):
 
 
 def checkpoint_root(checkpoint_dir: str | None, job_dir: str) -> str:
-    """The explicit dir, else Vertex's AIP_CHECKPOINT_DIR, else <job_dir>/checkpoints."""
     return (checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR")
             or f"{job_dir.rstrip('/')}/checkpoints")
 
@@ -130,7 +129,6 @@ def _remove(directory: Path) -> None:
 
 
 def _write_hint(err: BaseException) -> str:
-    """What to do about a failed write, by its cause."""
     code = getattr(err, "errno", None)
     full = ("No space left", "StorageFull", "File too large", "FileTooLarge", "Disk quota")
     if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(text in str(err) for text in full):

@@ -95,8 +95,7 @@ class TrainConfig:
     seed: int = _f(42, "seed for weights, data order and the premise split")
     log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
-    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at each epoch end "
-                               "only)")
+    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
     checkpoint_every_minutes: float | None = _f(
         None, "also checkpoint once this many minutes have passed since the last checkpoint: a VM "
         "lost without a last checkpoint costs at most that much training (0 or unset: off; a Spot "

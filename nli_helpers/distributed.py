@@ -81,7 +81,6 @@ def device_for(info: DistInfo) -> torch.device:
 
 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """Sum a tensor over every process (identity when single-process)."""
     if info.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
@@ -128,7 +127,6 @@ def on_main_process(fn, info: DistInfo):
 
 
 def all_gather_objects(obj, info: DistInfo) -> list:
-    """Every process's `obj`, in rank order (a one-element list when single-process)."""
     if not info.enabled:
         return [obj]
     out = [None] * info.world_size
@@ -217,7 +215,6 @@ def vertex_gpus(cluster_spec: str | None = None) -> tuple[str, int] | None:
 
 
 def why_no_cuda() -> str:
-    """The likeliest reason torch sees no CUDA device."""
     if torch.version.cuda is None:
         return f"this torch is a CPU-only build ({torch.__version__})"
     if not any(Path("/dev").glob("nvidia[0-9]*")):

@@ -82,7 +82,6 @@ def cluster_layout(cluster_spec: str | dict | None = None,
 
 
 def processes_per_node() -> int:
-    """One process per visible GPU, or one on a CPU-only node."""
     import torch  # only here: the launcher needs torch for nothing else
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 1

@@ -29,7 +29,6 @@ def project_root(start: str | Path | None = None) -> Path:
 
 
 def runs_dir(root: str | Path | None = None) -> Path:
-    """`$NLI_RUNS_DIR` when set (tests set it), else the project's `runs/`."""
     if os.environ.get("NLI_RUNS_DIR"):
         return Path(os.environ["NLI_RUNS_DIR"])
     return project_root(root) / "runs"

@@ -168,7 +168,6 @@ class ImageVenv:
 
 
 def cache_dir() -> Path:
-    """Where built venvs are kept: $NLI_CACHE_DIR, else ~/.cache/nli-helpers."""
     return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
@@ -219,7 +218,6 @@ def image_venv(sdist: str | Path, *, extras: str = "smoke", torch_index_url: str
 
 
 def remove_image_venvs() -> int:
-    """Delete every cached image venv; return how many there were."""
     folders = [p for p in (cache_dir() / "image-venv").glob("*") if p.is_dir()]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)

@@ -59,7 +59,6 @@ def parse_hypertune_metric(metric: str) -> tuple[str, str]:
 
 
 def in_tuning_trial(env: Mapping[str, str] | None = None) -> bool:
-    """True inside a Vertex AI hyperparameter-tuning trial."""
     env = os.environ if env is None else env
     return bool(env.get(TRIAL_ID_ENV))
 
