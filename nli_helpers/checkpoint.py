@@ -1,21 +1,15 @@
-"""Checkpoints that survive preemption: written atomically, found again with `--resume auto`, resumed exactly.
+"""Checkpoints that survive preemption: written atomically, found again, resumed exactly.
 
-A checkpoint is a directory `checkpoint-<step>` holding the model weights (`model.safetensors`),
-the training state (`training_state.pt`: optimizer, scheduler, grad scaler, every RNG state, the
-epoch and batch position, the history so far; tensors and plain values only, loaded with
-`torch.load(weights_only=True)`), and `manifest.json` listing the files, their sizes and SHA-256.
+A checkpoint is a folder `checkpoint-<step>` holding `model.safetensors`, `training_state.pt`
+(optimizer, scheduler, grad scaler, every rank's RNG, the loop's position; tensors and plain values
+only, read with `torch.load(weights_only=True)`) and `manifest.json` (each file's size and SHA-256).
+Only a checkpoint with a manifest counts: locally the folder is written under a temporary name and
+renamed; on gs:// the manifest is uploaded last. So a job killed mid-write leaves nothing that
+`latest_checkpoint` picks up, and one damaged later is skipped for the newest intact one (why
+`--keep_checkpoints` keeps more than one).
 
-Only a checkpoint with a manifest counts. Locally the directory is written under a temporary name
-and renamed when complete (a checkpoint of a step that exists already is swapped in: the old one is renamed
-aside first and still counts until the new one is in place); on `gs://` the files are uploaded first and the
-manifest last. So a job killed mid-write (SIGKILL, full disk, lost VM) leaves nothing that `latest_checkpoint`
-would pick up, and a checkpoint damaged afterwards (truncated, corrupt) is skipped with a warning for the newest
-intact one: the reason `--keep_checkpoints` keeps more than one. The newest `keep` checkpoints are kept.
-
-The loop's side: `save_training` gathers every rank's RNG and has rank 0 write (a failure there stops every
-rank); `resume_training` refuses a checkpoint that would train another run (changed settings, another number of
-processes, another precision) and restores the optimizer, schedule, grad scaler, this rank's RNG and the loop's
-position.
+    >>> path = save_checkpoint("runs/x/checkpoints", step, model, state, keep=2)
+    >>> latest_checkpoint("runs/x/checkpoints")          # the newest intact one, or None
 """
 
 from __future__ import annotations
@@ -42,9 +36,10 @@ from .distributed import DistInfo, all_gather_objects, on_main_process
 
 WEIGHTS, STATE, MANIFEST = "model.safetensors", "training_state.pt", "manifest.json"
 # Fields that must match for a resumed run to continue the same trajectory.
-RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_steps", "learning_rate",
-                   "weight_decay", "warmup_ratio", "max_length", "seed", "group_by_length",
-                   "fraction_of_train_data", "max_train_samples", "eval_fraction")  # eval_fraction: the split
+RESUME_CRITICAL = ("model_name", "data", "epochs", "batch_size", "grad_accum_steps",
+                   "learning_rate", "weight_decay", "warmup_ratio", "max_length", "seed",
+                   "group_by_length", "fraction_of_train_data", "max_train_samples",
+                   "eval_fraction")  # eval_fraction: the split
 # The loop's position, saved and restored as plain values (train.LoopState's fields).
 PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")
@@ -57,8 +52,8 @@ class CheckpointError(NLIError):
 
 
 def checkpoint_root(checkpoint_dir: str | None, job_dir: str) -> str:
-    """Where checkpoints go: the explicit dir, else Vertex's AIP_CHECKPOINT_DIR, else <job_dir>/checkpoints."""
-    return checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR") or f"{job_dir.rstrip('/')}/checkpoints"
+    return (checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR")
+            or f"{job_dir.rstrip('/')}/checkpoints")
 
 
 def _is_gcs(path: str) -> bool:
@@ -74,14 +69,15 @@ def _write_files(directory: Path, model: torch.nn.Module, state: dict, step: int
     save_model(model, str(directory / WEIGHTS))
     torch.save(state, directory / STATE)
     files = {name: (directory / name).stat().st_size for name in (WEIGHTS, STATE)}
-    sha256 = {name: _sha256(directory / name) for name in (WEIGHTS, STATE)}  # from the page cache: ~1 GB/s
+    sha256 = {name: _sha256(directory / name) for name in (WEIGHTS, STATE)}
     (directory / MANIFEST).write_text(json.dumps({"step": step, "files": files, "sha256": sha256}))
     for name in (WEIGHTS, STATE, MANIFEST):  # on disk before the rename makes it visible
         with open(directory / name, "rb") as f:
             os.fsync(f.fileno())
 
 
-def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> str:
+def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict,
+                    keep: int = 2) -> str:
     """Write checkpoint-<step> under `root` atomically and prune all but the newest `keep`."""
     name = f"checkpoint-{step:08d}"
     if _is_gcs(root):
@@ -93,7 +89,7 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root_path))
         _write_files(tmp, model, state, step)
         final = root_path / name
-        if final.exists():  # swap, never delete first: until the new one is in place the old one counts
+        if final.exists():  # swap, never delete first: the old one counts until the new one is in
             aside = root_path / f"{REPLACED}{name}"
             _remove(aside)
             os.replace(final, aside)
@@ -106,7 +102,8 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         kept = latest_checkpoint(root) if root_path.is_dir() else None
-        raise CheckpointError(f"could not write checkpoint {name} to {root} ({getattr(e, 'strerror', None) or e}); "
+        raise CheckpointError(f"could not write checkpoint {name} to {root} "
+                              f"({getattr(e, 'strerror', None) or e}); "
                               + (f"the previous checkpoint {Path(kept).name} is kept. " if kept else
                                  "there is no earlier checkpoint. ")
                               + _write_hint(e)) from e
@@ -116,10 +113,11 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict, k
 
 
 def _remove_leftovers(root: Path) -> None:
-    """What killed saves left: half-written temporary folders, and checkpoints renamed aside whose step has a
+    """What killed saves left: temporary folders, and checkpoints set aside whose step has a
     checkpoint again. (One run writes here at a time: the job dir's lock.)"""
     for p in root.iterdir():
-        stale_aside = p.name.startswith(REPLACED) and (root / p.name.removeprefix(REPLACED)).is_dir()
+        stale_aside = (p.name.startswith(REPLACED)
+                       and (root / p.name.removeprefix(REPLACED)).is_dir())
         if p.name.startswith(".tmp-checkpoint-") or stale_aside:
             _remove(p)
 
@@ -131,11 +129,11 @@ def _remove(directory: Path) -> None:
 
 
 def _write_hint(err: BaseException) -> str:
-    """What to do about a failed write, by its cause rather than a guess."""
     code = getattr(err, "errno", None)
     full = ("No space left", "StorageFull", "File too large", "FileTooLarge", "Disk quota")
     if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(text in str(err) for text in full):
-        return "The disk is full (or a file-size or quota limit was hit): free space or pass --checkpoint_dir elsewhere"
+        return ("The disk is full (or a file-size or quota limit was hit): free space or pass "
+                "--checkpoint_dir elsewhere")
     if code in (errno.ENOTDIR, errno.EEXIST):
         return "A part of that path is a file, not a folder: pass --checkpoint_dir with a folder"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -144,11 +142,12 @@ def _write_hint(err: BaseException) -> str:
 
 
 def staging_dir() -> str | None:
-    """Where a gs:// checkpoint is written before its upload: /dev/shm (memory) when it exists and has room, so a
-    preempted job spends its last seconds uploading, not writing a boot disk (a 100 GB pd-ssd writes ~50 MB/s)."""
+    """Where a gs:// checkpoint is written before its upload: /dev/shm when it has room, so a
+    preempted job spends its last seconds uploading, not writing a slow boot disk."""
     shm = Path("/dev/shm")
     try:
-        return str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 4e9 and os.access(shm, os.W_OK) else None
+        return (str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 4e9
+                and os.access(shm, os.W_OK) else None)
     except OSError:
         return None
 
@@ -159,7 +158,7 @@ def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) ->
     uri = f"{root.rstrip('/')}/{name}"
     with tempfile.TemporaryDirectory(prefix="nli-ckpt-", dir=staging_dir()) as tmp:
         _write_files(Path(tmp), model, state, step)
-        for file in (WEIGHTS, STATE, MANIFEST):  # the manifest last: it marks the checkpoint complete
+        for file in (WEIGHTS, STATE, MANIFEST):  # the manifest last: it marks the checkpoint whole
             storage.upload(Path(tmp) / file, f"{uri}/{file}")
     complete = sorted(_gcs_checkpoints(root))
     for _, old_uri in complete[:-keep] if keep > 0 else []:
@@ -169,12 +168,12 @@ def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) ->
 
 
 def _local_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints: checkpoint-<step> with a manifest, or one renamed aside while a new checkpoint of its
-    step was swapped in (a kill between the two renames), where no checkpoint-<step> replaced it."""
+    """Complete checkpoints: checkpoint-<step> with a manifest, or one set aside during a swap
+    (a kill between the two renames) where no checkpoint-<step> replaced it."""
     if not root.is_dir():
         return []
     found = {}
-    for p in sorted(root.iterdir(), key=lambda p: p.name.startswith(REPLACED)):  # the real name first
+    for p in sorted(root.iterdir(), key=lambda p: p.name.startswith(REPLACED)):  # real name first
         m = NAME.match(p.name.removeprefix(REPLACED))
         if m and (p / MANIFEST).is_file():
             found.setdefault(int(m.group(1)), p)
@@ -182,8 +181,7 @@ def _local_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 
 def damage(directory: Path) -> str | None:
-    """Why a complete-looking local checkpoint cannot be trusted (a file missing, shorter or longer than the
-    manifest says, or with another SHA-256), or None when it is intact."""
+    """Why a complete-looking local checkpoint cannot be trusted, or None when it is intact."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
         files, sums = manifest["files"], manifest.get("sha256", {})
@@ -194,7 +192,8 @@ def damage(directory: Path) -> str | None:
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size:,} bytes, the manifest says {size:,} (truncated?)"
+            return (f"{name} has {path.stat().st_size:,} bytes, the manifest says {size:,} "
+                    "(truncated?)")
         if name in sums and _sha256(path) != sums[name]:
             return f"{name} does not match its SHA-256 in the manifest (corrupt)"
     return None
@@ -212,18 +211,19 @@ def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
 
 
 def latest_checkpoint(root: str) -> str | None:
-    """The newest intact checkpoint under `root`, or None. A damaged one is skipped with a warning naming it."""
+    """The newest intact checkpoint under `root`, or None; skips a damaged one with a warning."""
     if _is_gcs(root):
         from . import storage
 
         found = _gcs_checkpoints(root) if storage.exists(root) else []
-        return max(found)[1] if found else None  # uploads are checksummed by Cloud Storage itself
+        return max(found)[1] if found else None  # Cloud Storage checksums uploads itself
     for _, path in sorted(_local_checkpoints(Path(root)), reverse=True):
         problem = damage(path)
         if problem is None:
             return str(path)
         log.warning("skipping damaged checkpoint %s: %s; trying the one before it", path, problem)
-        print(f"warning: skipping damaged checkpoint {path}: {problem}; trying the one before it", flush=True)
+        print(f"warning: skipping damaged checkpoint {path}: {problem}; trying the one before it",
+              flush=True)
     return None
 
 
@@ -239,21 +239,21 @@ def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
     directory = Path(path)
     path = shown
     if not (directory / MANIFEST).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass --resume auto to "
-                              "pick the newest complete one")
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass --resume "
+                              "auto to pick the newest complete one")
     try:
         load_model(model, str(directory / WEIGHTS))
         return torch.load(directory / STATE, map_location="cpu", weights_only=True)
     except (SafetensorError, pickle.UnpicklingError, EOFError) as e:
-        raise CheckpointError(f"checkpoint {path} is damaged ({e}); delete it, and --resume auto takes the newest "
-                              "intact one") from e
+        raise CheckpointError(f"checkpoint {path} is damaged ({e}); delete it, and --resume auto "
+                              "takes the newest intact one") from e
     except (OSError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match this model") from e
+        raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match "
+                              "this model") from e
 
 
 class CheckpointTimer:
-    """Says when `minutes` (None or 0: never) have passed on `clock` since the start or the last
-    checkpoint."""
+    """Says when `minutes` (None or 0: never) have passed since the start or the last checkpoint."""
 
     def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic):
         self.seconds, self.clock = (minutes or 0) * 60, clock
@@ -270,8 +270,8 @@ class CheckpointTimer:
 
 
 def data_fingerprint(dataset) -> str:
-    """SHA-256 of the training split as the loop sees it (token ids, labels, order): an edited data file or another
-    split under the same --data path changes it, and a resume then refuses instead of training another run."""
+    """SHA-256 of the training split as the loop sees it (token ids, labels, order): a resume
+    refuses edited data or another split under the same --data path."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -288,25 +288,28 @@ def data_fingerprint(dataset) -> str:
             parts = [column]
         for part in parts:
             values = part.to_numpy(zero_copy_only=False)
-            digest.update(values.tobytes() if values.dtype != object else "\x00".join(map(str, values)).encode())
+            digest.update(values.tobytes() if values.dtype != object
+                          else "\x00".join(map(str, values)).encode())
     return digest.hexdigest()
 
 
-# -- the training loop's state ------------------------------------------------------------------------------------
-def save_training(root: str, keep: int, step: int, model, optimizer, scheduler, scaler, progress: dict,
-                  cfg: TrainConfig, info: DistInfo, device: torch.device, precision: str,
-                  fingerprint: str | None = None) -> str:
-    """Checkpoint the loop (every rank calls this; rank 0 writes, and its failure raises on every rank)."""
+# -- the training loop's state --------------------------------------------------------------------
+def save_training(root: str, keep: int, step: int, model, optimizer, scheduler, scaler,
+                  progress: dict, cfg: TrainConfig, info: DistInfo, device: torch.device,
+                  precision: str, fingerprint: str | None = None) -> str:
+    """Checkpoint the loop: every rank calls this, rank 0 writes; its failure raises on all."""
     rng = all_gather_objects(rng_state(device), info)
-    state = {**{k: progress[k] for k in PROGRESS}, "world_size": info.world_size, "precision": precision,
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-             "rng": rng, "config": cfg.to_dict(), "data_fingerprint": fingerprint}
+    state = {**{k: progress[k] for k in PROGRESS}, "world_size": info.world_size,
+             "precision": precision, "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng,
+             "config": cfg.to_dict(), "data_fingerprint": fingerprint}
     return on_main_process(lambda: save_checkpoint(root, step, model, state, keep), info)
 
 
-def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainConfig, info: DistInfo,
-                    device: torch.device, precision: str, fingerprint: str | None = None) -> dict:
-    """Load a checkpoint into the model and the optimizer, schedule, scaler and RNG; return the loop's position."""
+def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainConfig,
+                    info: DistInfo, device: torch.device, precision: str,
+                    fingerprint: str | None = None) -> dict:
+    """Restore model, optimizer, schedule, scaler and this rank's RNG; return the loop position."""
     state = load_checkpoint(path, model)
     check_resumable(path, state, cfg, info.world_size, precision, fingerprint)
     model.to(device)
@@ -319,31 +322,34 @@ def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainCo
 
 def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str,
                     fingerprint: str | None = None) -> None:
-    """Refuse a resume that would silently train another run: changed settings, training data, process count or
-    precision."""
+    """Refuse a resume that would silently train another run: changed settings, training data,
+    process count or precision."""
     saved = state["config"]
     changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL
                if k in saved and saved.get(k) != getattr(cfg, k)]
     if fingerprint and state.get("data_fingerprint") and state["data_fingerprint"] != fingerprint:
-        changed.append(f"the training pairs under data={cfg.data!r} (their content or order differs)")
+        changed.append(f"the training pairs under data={cfg.data!r} (their content or order "
+                       "differs)")
     if changed:
-        raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it was written; "
-                              "resume with the same settings or start a new job dir")
+        raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it "
+                              "was written; resume with the same settings or start a new job dir")
     world = state.get("world_size", len(state["rng"]))
     if world != world_size:
-        raise CheckpointError(f"cannot resume from {path}: it was written by {world} process(es) and this run has "
-                              f"{world_size}; each process's share of the data and its random state would change. "
-                              f"Resume with {world} process(es) (torchrun --nproc-per-node, the same machines), or "
+        raise CheckpointError(f"cannot resume from {path}: it was written by {world} process(es) "
+                              f"and this run has {world_size}; each process's share of the data "
+                              f"and its random state would change. Resume with {world} "
+                              "process(es) (torchrun --nproc-per-node, the same machines), or "
                               "start a new job dir")
     saved_precision = state.get("precision", precision)
     if saved_precision != precision:
-        raise CheckpointError(f"cannot resume from {path}: it trained in {saved_precision} and this run would train "
-                              f"in {precision} (another GPU, or --precision); pass --precision {saved_precision} "
-                              "where the hardware has it, or start a new job dir")
+        raise CheckpointError(f"cannot resume from {path}: it trained in {saved_precision} and "
+                              f"this run would train in {precision} (another GPU, or --precision); "
+                              f"pass --precision {saved_precision} where the hardware has it, or "
+                              "start a new job dir")
 
 
 def rng_state(device: torch.device) -> dict:
-    """This process's RNG: the CPU generator and, on a GPU, its own device's (not every visible GPU's)."""
+    """This process's RNG: the CPU generator and, on a GPU, its own device's (not every GPU's)."""
     return {"torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
@@ -351,7 +357,8 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
-    if isinstance(cuda, list):  # checkpoints before 2026-11 kept every visible GPU's state
-        cuda = cuda[device.index or 0] if device.type == "cuda" and len(cuda) > (device.index or 0) else None
+    if isinstance(cuda, list):  # the older format: every visible GPU's state
+        cuda = (cuda[device.index or 0]
+                if device.type == "cuda" and len(cuda) > (device.index or 0) else None)
     if cuda is not None and device.type == "cuda":
         torch.cuda.set_rng_state(cuda, device)

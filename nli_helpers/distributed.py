@@ -1,15 +1,13 @@
-"""Processes, ranks and devices: torch.distributed set-up from torchrun's environment, the precision a device
-trains in, and whether the GPU a run needs is usable.
+"""Processes, ranks and devices: torch.distributed from torchrun's environment, the precision a
+device trains in, and whether the GPU a run needs is usable.
 
-Inside a training process (started by torchrun) call `init_distributed()`: it reads `RANK`,
-`LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` and joins the process group (NCCL
-on GPUs, gloo on CPUs); without those variables it returns a single-process `DistInfo` and
-touches nothing.
+    >>> info = init_distributed()          # DistInfo(rank, local_rank, world_size)
+    >>> device = device_for(info)
+    >>> precision = resolve_precision("auto", device)   # bf16, fp16 or fp32
 
-On Vertex AI every replica starts one container. There `WORLD_SIZE` is the number of *nodes*
-and `RANK` the node's rank, not torchrun's per-process values, so the container must not call
-`init_process_group` directly: `python -m nli_helpers.launch -- <task args>` reads `CLUSTER_SPEC`
-and starts torchrun, which sets the per-process variables correctly.
+Without torchrun's RANK and LOCAL_RANK, `init_distributed` returns a single-process `DistInfo`
+and touches nothing. On Vertex AI those variables count nodes, not processes, so a
+container must not call `init_process_group` itself: `python -m nli_helpers.launch` starts torchrun.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ import torch
 import torch.distributed as dist
 
 from .config import ConfigError, NLIError, TrainConfig
-
-# Vertex worker pools: 0 = chief (one replica), 1 = workers, 2 = Reduction Server, 3 = evaluators.
 
 
 class DistributedError(NLIError):
@@ -51,7 +47,7 @@ class DistInfo:
 
 
 SINGLE_PROCESS = DistInfo()
-# A gloo group beside NCCL, for small flags that live on the CPU (the stop request): agreeing on them must not
+# A gloo group beside NCCL for small CPU flags (the stop request): agreeing on them must not
 # synchronise the GPU stream every step. Under gloo the default group serves.
 _control_group = None
 
@@ -60,7 +56,8 @@ def init_distributed(timeout_minutes: float = 30.0) -> DistInfo:
     """Join the process group torchrun describes in the environment; single process otherwise."""
     if "RANK" not in os.environ or "LOCAL_RANK" not in os.environ:
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+                    int(os.environ["WORLD_SIZE"]))
     if info.world_size == 1 or dist.is_initialized():
         return info
     cuda = torch.cuda.is_available()
@@ -84,19 +81,16 @@ def device_for(info: DistInfo) -> torch.device:
 
 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """Sum a tensor over every process (identity when single-process)."""
     if info.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def agree_after_step(stop: bool, main_says: bool, info: DistInfo) -> tuple[bool, bool]:
-    """(`stop` on any rank, `main_says` on rank 0), the same on every rank: one small CPU
-    all-reduce, no GPU sync.
+    """(`stop` on any rank, `main_says` on rank 0), the same on every rank, in one CPU all-reduce.
 
-    A SIGTERM may reach one rank first. A decision a clock takes (a time-based checkpoint) is
-    rank 0's alone: each rank's clock would cross the line at its own step, and all must act at
-    the same one.
+    A SIGTERM may reach one rank first; a clock's decision (a timed checkpoint) is rank 0's alone,
+    because every rank must act at the same step.
     """
     if not info.enabled:
         return stop, main_says
@@ -115,16 +109,16 @@ def broadcast_from_main(obj, info: DistInfo):
 
 
 def on_main_process(fn, info: DistInfo):
-    """Run `fn` on rank 0 only (a save, an upload) and return its result there; every rank learns whether it
-    worked, so a failure on rank 0 raises on every rank at once with rank 0's message, instead of leaving the
-    others in a barrier until the collective timeout (30 minutes)."""
+    """Run `fn` on rank 0 only and return its result there. A failure raises on every rank at once
+    with rank 0's message, instead of leaving the others in a barrier until the timeout."""
     result, error = None, None
     if info.is_main:
         try:
             result = fn()
         except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
             error = err
-    failure = broadcast_from_main(None if error is None else f"{type(error).__name__}: {error}", info)
+    failure = broadcast_from_main(None if error is None else f"{type(error).__name__}: {error}",
+                                  info)
     if error is not None:
         raise error
     if failure is not None:
@@ -133,7 +127,6 @@ def on_main_process(fn, info: DistInfo):
 
 
 def all_gather_objects(obj, info: DistInfo) -> list:
-    """Every process's `obj`, in rank order (a one-element list when single-process)."""
     if not info.enabled:
         return [obj]
     out = [None] * info.world_size
@@ -141,24 +134,20 @@ def all_gather_objects(obj, info: DistInfo) -> list:
     return out
 
 
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        dist.barrier()
-
-
-# -- devices: precision, and whether the GPU a run needs is usable ------------------------------------
+# -- devices: precision, and whether the GPU a run needs is usable --------------------------------
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere (sm80) and newer compute in bf16; older GPUs only emulate it
 
 
 def cpu_supports_bf16() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def native_bf16(device: torch.device) -> bool:
     """bf16 in hardware: a GPU of compute capability 8.0 or newer, or a CPU with AVX512-BF16/AMX.
 
-    Not `torch.cuda.is_bf16_supported()`: by default it also answers True for pre-Ampere GPUs (T4, V100),
-    where bf16 is emulated and several times slower than fp16 (`including_emulation=True`).
+    Not `torch.cuda.is_bf16_supported()`: by default it also says True for pre-Ampere GPUs (T4,
+    V100), which emulate bf16 several times slower than fp16 (`including_emulation=True`).
     """
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY
@@ -173,33 +162,32 @@ def device_name(device: torch.device) -> str:
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """Turn `auto` into fp32/bf16/fp16 for this device; refuse what the hardware cannot do (well).
-
-    The rule: bf16 autocast on GPUs from compute capability 8.0 (A100, L4, H100) and on CPUs with
-    AVX512-BF16/AMX; fp16 with loss scaling on older GPUs (T4, V100); fp32 on other CPUs.
-    """
+    """`auto` -> bf16 where the hardware has it (GPUs from A100/L4, CPUs with AVX512-BF16/AMX),
+    fp16 with loss scaling on older GPUs, fp32 on other CPUs; refuse what the device cannot do."""
     cuda = device.type == "cuda"
     bf16_ok = native_bf16(device)
     if requested == "auto":
         return "bf16" if bf16_ok else ("fp16" if cuda else "fp32")
     if requested == "bf16" and not bf16_ok:
-        where = (f"{device_name(device)}: bf16 runs natively from compute capability 8.0 (Ampere); here it would "
-                 "be emulated, several times slower than fp16" if cuda else "this CPU (it lacks AVX512-BF16/AMX)")
+        where = (f"{device_name(device)}: bf16 runs natively from compute capability 8.0 "
+                 "(Ampere); here it would be emulated, several times slower than fp16" if cuda
+                 else "this CPU (it lacks AVX512-BF16/AMX)")
         raise ConfigError(f"precision=bf16 is not supported on {where}; use --precision auto"
                           + (" (fp16 with loss scaling here) or fp16" if cuda else " or fp32"))
     if requested == "fp16" and not cuda:
-        raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 where "
-                          "supported) or fp32")
+        raise ConfigError("precision=fp16 needs a CUDA GPU; on a CPU use --precision auto (bf16 "
+                          "where supported) or fp32")
     return requested
 
 
 def autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(device.type,
+                          dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-ALLOW_CPU_ENV = "NLI_ALLOW_CPU"  # = --allow-cpu, for environments that set it for every run (a local stand-in)
+ALLOW_CPU_ENV = "NLI_ALLOW_CPU"  # = --allow-cpu, for environments that set it for every run
 
 
 class NoGPUError(NLIError):
@@ -207,16 +195,15 @@ class NoGPUError(NLIError):
 
 
 def vertex_gpus(cluster_spec: str | None = None) -> tuple[str, int] | None:
-    """(GPU type, count) that this Vertex AI replica's worker pool asked for, from CLUSTER_SPEC; None elsewhere.
-
-    Vertex AI puts the job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string).
-    """
+    """(GPU type, count) this Vertex AI replica's worker pool asked for, None elsewhere. Vertex AI
+    puts the job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string)."""
     spec = os.environ.get("CLUSTER_SPEC") if cluster_spec is None else cluster_spec
     if not spec:
         return None
     try:
         parsed = json.loads(spec)
-        job = json.loads(parsed["job"]) if isinstance(parsed.get("job"), str) else parsed.get("job") or {}
+        job = (json.loads(parsed["job"]) if isinstance(parsed.get("job"), str)
+               else parsed.get("job") or {})
         pools = job.get("worker_pool_specs") or job.get("workerPoolSpecs") or []
         index = int(str(parsed["task"]["type"]).removeprefix("workerpool"))
         machine = pools[index].get("machine_spec") or pools[index].get("machineSpec") or {}
@@ -228,49 +215,51 @@ def vertex_gpus(cluster_spec: str | None = None) -> tuple[str, int] | None:
 
 
 def why_no_cuda() -> str:
-    """The likeliest reason torch sees no CUDA device."""
     if torch.version.cuda is None:
         return f"this torch is a CPU-only build ({torch.__version__})"
     if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: docker run "
-                "--gpus all)")
-    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA {torch.version.cuda} "
-            "needs, or not on LD_LIBRARY_PATH (Vertex mounts it under /usr/local/nvidia/lib64)? nvidia-smi shows "
-            "the driver")
+        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: "
+                "docker run --gpus all)")
+    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA "
+            f"{torch.version.cuda} needs, or not on LD_LIBRARY_PATH (Vertex mounts it under "
+            "/usr/local/nvidia/lib64)? nvidia-smi shows the driver")
 
 
 def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
-    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is torch.cuda.get_arch_list()
-    (['sm_75', ..., 'compute_120']): a cubin for X.y runs on X.z, z >= y; PTX runs on any newer GPU."""
-    sass = [(int(a[3:-1]), int(a[-1])) for a in arch_list if a.startswith("sm_") and a[3:].isdigit()]
-    ptx = [(int(a[8:-1]), int(a[-1])) for a in arch_list if a.startswith("compute_") and a[8:].isdigit()]
-    if any(m == capability[0] and n <= capability[1] for m, n in sass) or any(p <= capability for p in ptx):
+    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is
+    torch.cuda.get_arch_list(): a cubin for X.y runs on X.z, z >= y; PTX on any newer GPU."""
+    sass = [(int(a[3:-1]), int(a[-1])) for a in arch_list
+            if a.startswith("sm_") and a[3:].isdigit()]
+    ptx = [(int(a[8:-1]), int(a[-1])) for a in arch_list
+           if a.startswith("compute_") and a[8:].isdigit()]
+    if (any(m == capability[0] and n <= capability[1] for m, n in sass)
+            or any(p <= capability for p in ptx)):
         return None
-    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for {', '.join(arch_list)} "
-            f"but the GPU is compute capability {capability[0]}.{capability[1]}: install a torch CUDA build that "
-            "covers it (docker/README.md, the table of builds)")
+    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
+            f"{', '.join(arch_list)} but the GPU is compute capability "
+            f"{capability[0]}.{capability[1]}: install a torch CUDA build that covers it "
+            "(docker/README.md, the table of builds)")
 
 
-def check_accelerator(cfg: TrainConfig, *, cuda_available: bool | None = None) -> None:
-    """Stop before anything is loaded when a run that needs a GPU has none: the `full` profile (roberta-base on
-    393k pairs would take days on a CPU), or a Vertex AI replica that asked for GPUs and cannot use them."""
+def check_accelerator(cfg: TrainConfig) -> None:
+    """Stop before anything loads when a run that needs a GPU has none: the `full` profile, or a
+    Vertex AI replica that asked for GPUs and cannot use them."""
     if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1":
         return
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
-    if cuda:
-        problem = cuda_available is None and gpu_kernel_problem(torch.cuda.get_arch_list(),
-                                                                torch.cuda.get_device_capability())
+    if torch.cuda.is_available():
+        problem = gpu_kernel_problem(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
         if problem:
             raise NoGPUError(problem)
         return
     asked = vertex_gpus()
     if asked:
-        raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees no CUDA GPU: "
-                         f"{why_no_cuda()}. The job would train on the CPU at the GPU's price: fix the image "
-                         "(docker/README.md) or the accelerator spec, or pass "
-                         "--allow-cpu to run on the CPU anyway")
+        raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch "
+                         f"sees no CUDA GPU: {why_no_cuda()}. The job would train on the CPU at "
+                         "the GPU's price: fix the image (docker/README.md) or the accelerator "
+                         "spec, or pass --allow-cpu to run on the CPU anyway")
     if cfg.profile == "full":
-        raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, and there is "
-                         f"none here: {why_no_cuda()}. Run it on a GPU machine (a Workbench GPU instance, or a "
-                         "Vertex AI job: notebook 04), use --profile smoke on this CPU, or pass --allow-cpu to "
-                         "train the full recipe on the CPU anyway (days)")
+        raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, "
+                         f"and there is none here: {why_no_cuda()}. Run it on a GPU machine (a "
+                         "Workbench GPU instance, or a Vertex AI job: notebook 04), use --profile "
+                         "smoke on this CPU, or pass --allow-cpu to train the full recipe on the "
+                         "CPU anyway (days)")

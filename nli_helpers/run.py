@@ -1,13 +1,11 @@
-"""A whole run: load the data and model a `TrainConfig` names, train, evaluate, save. What the trainer command
-(`python -m nli_helpers.task`), the notebooks and every Vertex AI job call.
+"""One whole run: load the data and model a `TrainConfig` names, train, evaluate, save. The trainer
+command, the notebooks and every Vertex AI job call it.
 
-    >>> from nli_helpers import make_config, run_training
     >>> result = run_training(make_config("smoke"))          # load, train, evaluate, save
     >>> result.metrics["validation_matched"]["accuracy"]
 
-A run writes a folder that `from_pretrained` loads: the model and tokenizer (safetensors), `train_config.json`,
-`history.jsonl`, and `metrics.json` last, so that its presence marks a finished run. The folder is `cfg.job_dir`,
-else `$AIP_MODEL_DIR` on Vertex AI, else `runs/train-<time>`; it may be gs://.
+The run folder (`cfg.job_dir`, else `$AIP_MODEL_DIR`, else `runs/train-<time>`; local or gs://)
+is one `from_pretrained` loads, with `metrics.json` written last to mark a finished run.
 """
 
 from __future__ import annotations
@@ -40,10 +38,18 @@ from .distributed import (
 )
 from .model import load_model_and_tokenizer
 from .tracking import default_callbacks
-from .train import TrainCallback, TrainResult, quiet_library_bars, sigterm_requests, summary_line, train
+from .train import (
+    TrainCallback,
+    TrainResult,
+    quiet_library_bars,
+    sigterm_requests,
+    summary_line,
+    train,
+)
 
 
-def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
+def run_training(cfg: TrainConfig, *, verbose: bool = True,
+                 callbacks: Sequence[TrainCallback] = ()) -> TrainResult:
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
     job_dir = cfg.job_dir or default_job_dir()
@@ -51,52 +57,59 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True, callbacks: Sequence[
     if cfg.checkpoint_dir:  # fail now, not after an epoch, when the checkpoints cannot be written
         check_job_dir(cfg.checkpoint_dir, what="checkpoint dir", flag="--checkpoint_dir")
     quiet_library_bars()
-    callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]  # TensorBoard; hypertune in a trial
+    callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
     info = init_distributed()
     root = checkpoint_root(cfg.checkpoint_dir, job_dir)
     try:
         with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
-            result = _train_and_save(cfg, job_dir, root, info, callbacks, verbose and info.is_main)
+            result = _train_and_save(cfg, job_dir, root, info, callbacks,
+                                     verbose and info.is_main)
     finally:
         shutdown_distributed()
     if verbose:
         print(f"done in {result.metrics['train']['seconds']:.0f}s "
               f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
-              f"{summary_line({k: v for k, v in result.metrics.items() if k.startswith('validation')})}")
+              + summary_line({k: v for k, v in result.metrics.items()
+                              if k.startswith("validation")}))
         print(f"saved to {job_dir}")
     return result
 
 
-def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks, verbose: bool) -> TrainResult:
+def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
+                    verbose: bool) -> TrainResult:
     device = device_for(info)
     precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                              fraction_of_train_data=cfg.fraction_of_train_data,
-                             max_train_samples=cfg.max_train_samples, max_eval_samples=cfg.max_eval_samples)
+                             max_train_samples=cfg.max_train_samples,
+                             max_eval_samples=cfg.max_eval_samples)
     set_seed(cfg.seed)  # the classifier head is initialised in the next line
     model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
     if verbose:
         print(f"data: {splits.report}")
-        print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) on {device}, {precision}")
+        print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+              f"parameters) on {device}, {precision}")
         print(batch_line(cfg, info.world_size))
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
     resume = cfg.resume
     if resume is None and os.environ.get("AIP_CHECKPOINT_DIR"):
-        # Vertex AI runs a restarted replica with the same command: it must continue, not start over.
+        # Vertex AI restarts a replica with the same command: it must continue, not start over.
         resume = "auto"
         if verbose:
-            print(f"AIP_CHECKPOINT_DIR is set (Vertex AI): resuming from the newest complete checkpoint in {root}, if any")
+            print("AIP_CHECKPOINT_DIR is set (Vertex AI): resuming from the newest complete "
+                  f"checkpoint in {root}, if any")
     resume_from = resume
-    if resume == "auto":  # rank 0 chooses and every rank follows: nodes' own checkpoint folders could disagree
+    if resume == "auto":  # rank 0 chooses for all: nodes' own checkpoint folders could disagree
         resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
     if verbose and resume:
-        print(f"resuming from {resume_from}" if resume_from else f"no complete checkpoint in {root}: starting fresh")
-    # A SIGTERM after the loop (final evaluation, final save) must not kill the save half-way: the loop
-    # checkpoints the final step, and the save finishes while the platform's grace period lasts.
+        print(f"resuming from {resume_from}" if resume_from
+              else f"no complete checkpoint in {root}: starting fresh")
+    # A SIGTERM after the loop must not kill the final save half-way: the loop checkpointed the
+    # final step, and the save finishes within the platform's grace period.
     with sigterm_requests() as late:
-        result = train(cfg, model, tokenizer, tokenized, device=device, info=info, callbacks=callbacks,
-                       checkpoint_root=root, resume_from=resume_from)
-        on_main_process(lambda: save_run(result, job_dir), info)  # one writer: every rank holds the same weights
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info,
+                       callbacks=callbacks, checkpoint_root=root, resume_from=resume_from)
+        on_main_process(lambda: save_run(result, job_dir), info)  # every rank has the same weights
     if late.requested and verbose:
         print(f"SIGTERM arrived during the final save{late.since()}; the run was saved whole")
     return result
@@ -109,7 +122,7 @@ def default_job_dir() -> str:
 def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir") -> None:
     """Fail before training, not after, when the output dir cannot be written."""
     if storage.is_gcs_uri(job_dir):
-        # A write and a delete: exactly what roles/storage.objectUser grants, nothing bucket-level.
+        # A write and a delete: what roles/storage.objectUser grants, nothing bucket-level.
         probe = f"{job_dir.rstrip('/')}/.nli-write-check-{socket.gethostname()}-{os.getpid()}"
         with tempfile.NamedTemporaryFile() as empty:
             storage.upload(empty.name, probe)
@@ -119,16 +132,15 @@ def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir
     parent = next(p for p in (path, *path.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         why = "a file, not a folder" if parent.is_file() else "not a writable folder"
-        raise NLIError(f"{what} {job_dir} cannot be written ({parent} is {why}); pass {flag} with a folder "
-                       "you can write")
+        raise NLIError(f"{what} {job_dir} cannot be written ({parent} is {why}); pass {flag} "
+                       "with a folder you can write")
 
 
 def save_run(result: TrainResult, job_dir: str) -> str:
-    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json last, which marks
-    a finished run. A rerun into a finished job dir never leaves the old metrics.json beside new weights: the new
-    files are written aside first (a full disk then leaves the earlier finished run whole), the old metrics.json is
-    removed, the new files moved in, and the new metrics.json written last. On gs:// the old metrics.json goes
-    before the first upload, so an interrupted upload leaves an unfinished run, not a mixed one."""
+    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json,
+    which marks a finished run. A rerun never leaves an old metrics.json beside new weights: the
+    files are written aside first (a full disk leaves the earlier run whole), the old metrics.json
+    removed, the files moved in, metrics.json written last; on gs:// the old one goes first."""
     if storage.is_gcs_uri(job_dir):
         storage.delete(f"{job_dir.rstrip('/')}/metrics.json")
         with storage.staged_output(job_dir) as local:
@@ -164,9 +176,10 @@ def _write_metrics(result: TrainResult, folder: Path) -> None:
 
 @contextlib.contextmanager
 def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
-    """One live run per local job dir and checkpoint dir: a second run into them would replace and prune the
-    first's checkpoints. The lock is an OS file lock (filelock), so it goes with the process that held it."""
-    folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root)) if not storage.is_gcs_uri(d)]
+    """One live run per local job dir and checkpoint dir: a second would prune the first's
+    checkpoints. An OS file lock (filelock), so it dies with the process that held it."""
+    folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root))
+                                           if not storage.is_gcs_uri(d)]
     locks, created = [], [Path(d) for d in folders if not Path(d).exists()]
     try:
         for folder in folders:
@@ -175,14 +188,15 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
             try:
                 lock.acquire(timeout=0)
             except filelock.Timeout:
-                raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); wait for it to "
-                               "finish, or pass another --job-dir / --checkpoint_dir") from None
+                raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); "
+                               "wait for it to finish, or pass another --job-dir / "
+                               "--checkpoint_dir") from None
             locks.append(lock)
         yield
     finally:
         for lock in locks:
             lock.release()
-        # A run that stopped before writing anything (a bad --data, say) leaves no folder behind.
+        # A run that stopped before writing anything (a bad --data) leaves no folder behind.
         for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
             if folder.is_dir() and {p.name for p in folder.iterdir()} <= {".nli-run.lock"}:
                 (folder / ".nli-run.lock").unlink(missing_ok=True)

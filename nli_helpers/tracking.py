@@ -1,30 +1,19 @@
-"""Watch a run while it trains: TensorBoard scalars, and the metric a Vertex AI tuning trial reports.
+"""Watch a run while it trains: TensorBoard scalars and the metric a Vertex AI tuning trial reports.
 
-Two `TrainCallback`s for `run_training(cfg, callbacks=[...])`:
+Two `TrainCallback`s, which `run_training` attaches through `default_callbacks(cfg, job_dir)`:
 
-* `TensorBoardCallback(log_dir)`: loss, learning rate, examples/s and tokens/s per log interval, and
-  accuracy and macro-F1 per validation split after every evaluation, written with
-  `torch.utils.tensorboard.SummaryWriter`. A `gs://` log dir is written locally and uploaded (with
-  `nli_helpers.storage`) after every evaluation and at the end. Look at it with
-  `tensorboard --logdir <job_dir>/tensorboard`.
-* `HypertuneCallback(metric)`: after every evaluation, reports the chosen validation metric to Vertex AI
-  hyperparameter tuning with `cloudml-hypertune` (below).
+* `TensorBoardCallback(log_dir)`: loss, learning rate and throughput per log interval, accuracy and
+  macro-F1 per validation split per evaluation. The log dir is `$AIP_TENSORBOARD_LOG_DIR` on
+  Vertex AI, else `<job_dir>/tensorboard`; a gs:// one is written locally and uploaded.
+* `HypertuneCallback(metric)`: in a tuning trial (`$CLOUD_ML_TRIAL_ID` set) or when
+  `cfg.hypertune_metric` asks, reports a validation metric through Google's `cloudml-hypertune`,
+  which writes it to `$CLOUD_ML_HP_METRIC_FILE` (default /tmp/hypertune/output.metrics) for
+  Vertex AI to read. The metric id is the tuning job's `metric_spec` key; the legacy AI Platform's
+  `$CLOUD_ML_HP_METRIC_TAG` is used when no `hypertune_metric` is given.
 
-`run_training` attaches them itself through `default_callbacks(cfg, job_dir)`, so the trainer command,
-the notebooks and Vertex AI jobs all get them: TensorBoard always (to `$AIP_TENSORBOARD_LOG_DIR` when Vertex
-AI sets it, else `<job_dir>/tensorboard`; skipped with a warning when the `tensorboard` package is missing),
-the hypertune report when the run is a tuning trial (`$CLOUD_ML_TRIAL_ID` is set) or `cfg.hypertune_metric`
-asks for it. A callback of the same kind that you pass yourself replaces the default one:
+A callback of the same kind that you pass yourself replaces the default one:
 
     >>> run_training(cfg, callbacks=[TensorBoardCallback("gs://my-bucket/tb/run-1")])
-
-The hypertune report goes through Google's `cloudml-hypertune` package (`hypertune.HyperTune`), the one the
-prebuilt training images carry: it keeps the last 100 reports in `$CLOUD_ML_HP_METRIC_FILE` (default
-`/tmp/hypertune/output.metrics`), one JSON object per line, which Vertex AI reads. The metric id is the tuning
-job's `metric_spec` key (`validation_matched_accuracy` by default). Vertex AI passes each trial's
-hyperparameters as `--<name>=<value>` arguments and sets `AIP_MODEL_DIR`, `AIP_CHECKPOINT_DIR` and
-`AIP_TENSORBOARD_LOG_DIR` under `<base_output_dir>/<trial_id>/`; the legacy AI Platform also set
-`$CLOUD_ML_HP_METRIC_TAG`, used as the metric id when present and no `hypertune_metric` is given.
 """
 
 from __future__ import annotations
@@ -45,43 +34,37 @@ log = logging.getLogger(__name__)
 
 # The environment of a Vertex AI (and AI Platform) tuning trial.
 TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
-METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"
 METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"
 TENSORBOARD_ENV = "AIP_TENSORBOARD_LOG_DIR"
-DEFAULT_METRIC_FILE = "/tmp/hypertune/output.metrics"  # cloudml-hypertune's default
-# Scores the loop computes per split (metrics.classification_scores) that a tuning job may optimise.
+# Scores the loop computes per split (metrics.classification_scores) that tuning may optimise.
 TUNABLE_SCORES = ("accuracy", "macro_f1")
 DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
 
-# -- the metric a tuning trial reports ------------------------------------------------------------
+# -- the metric a tuning trial reports -------------------------------------------------------------
 def parse_hypertune_metric(metric: str) -> tuple[str, str]:
-    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"); refuses a non-validation split.
-
-    Hyperparameters chosen on a test split make that split's score an optimistic estimate: tuning
-    must choose on a validation split, and the test split is scored once, at the end.
-    """
+    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"). A test split is refused:
+    a score it chose hyperparameters on would no longer estimate new data."""
     score = next((s for s in TUNABLE_SCORES if metric.endswith("_" + s)), None)
     if score is None:
-        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one of "
-                          f"{', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
+        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one "
+                          f"of {', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
     split = metric[: -len(score) - 1]
     if not split.startswith("validation"):
-        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning must choose "
-                          "on a validation split (validation_matched or validation_mismatched), never on a "
-                          "test split, whose score would then no longer estimate new data")
+        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning "
+                          "must choose on a validation split (validation_matched or "
+                          "validation_mismatched), never on a test split, whose score would then "
+                          "no longer estimate new data")
     return split, score
 
 
 def in_tuning_trial(env: Mapping[str, str] | None = None) -> bool:
-    """True inside a Vertex AI hyperparameter-tuning trial."""
     env = os.environ if env is None else env
     return bool(env.get(TRIAL_ID_ENV))
 
 
 class HypertuneCallback(TrainCallback):
-    """Report one validation metric to Vertex AI hyperparameter tuning after every evaluation, through Google's
-    `cloudml-hypertune` package (it reads $CLOUD_ML_HP_METRIC_FILE and $CLOUD_ML_TRIAL_ID)."""
+    """Report one validation metric to Vertex AI hyperparameter tuning after every evaluation."""
 
     def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
         import hypertune
@@ -93,49 +76,51 @@ class HypertuneCallback(TrainCallback):
 
     def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
         if self.split not in scores:
-            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but this run "
-                              f"evaluates only {', '.join(scores)}; pick one of those")
+            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but "
+                              f"this run evaluates only {', '.join(scores)}; pick one of those")
         self.report(scores[self.split][self.score], step)
 
     def report(self, value: float, step: int) -> None:
-        self.reporter.report_hyperparameter_tuning_metric(hyperparameter_metric_tag=self.metric, metric_value=value,
-                                                          global_step=step)
+        self.reporter.report_hyperparameter_tuning_metric(
+            hyperparameter_metric_tag=self.metric, metric_value=value, global_step=step)
 
 
 def read_metric_file(path: str | Path, metric: str | None = None) -> list[dict]:
-    """The reports in a hypertune metric file: [{"step", "value", "metric", "trial"}], oldest first."""
+    """The reports in a hypertune metric file: [{"step", "value", "metric", "trial"}], oldest
+    first."""
     rows = []
     for line in Path(path).read_text().splitlines():
         entry = json.loads(line)
-        tags = [k for k in entry if k not in ("timestamp", "trial", "global_step", "checkpoint_path")]
+        tags = [k for k in entry
+                if k not in ("timestamp", "trial", "global_step", "checkpoint_path")]
         for tag in tags if metric is None else [t for t in tags if t == metric]:
-            rows.append({"metric": tag, "value": float(entry[tag]), "step": int(entry["global_step"]),
-                         "trial": entry["trial"], "timestamp": entry["timestamp"]})
+            rows.append({"metric": tag, "value": float(entry[tag]),
+                         "step": int(entry["global_step"]), "trial": entry["trial"],
+                         "timestamp": entry["timestamp"]})
     return rows
 
 
-# -- TensorBoard ------------------------------------------------------------------------------------
+# -- TensorBoard -----------------------------------------------------------------------------------
 def tensorboard_available() -> bool:
     """torch.utils.tensorboard needs the `tensorboard` package."""
     return importlib.util.find_spec("tensorboard") is not None
 
 
 def tensorboard_log_dir(job_dir: str, env: Mapping[str, str] | None = None) -> str:
-    """`$AIP_TENSORBOARD_LOG_DIR` on Vertex AI (a Vertex TensorBoard reads it), else `<job_dir>/tensorboard`."""
+    """`$AIP_TENSORBOARD_LOG_DIR` on Vertex AI (a Vertex TensorBoard reads it), else
+    `<job_dir>/tensorboard`."""
     env = os.environ if env is None else env
     return env.get(TENSORBOARD_ENV) or f"{str(job_dir).rstrip('/')}/tensorboard"
 
 
 class TensorBoardCallback(TrainCallback):
-    """Scalars for TensorBoard: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
-
-    Nothing is created until the first log, so a run that fails early leaves no empty log dir.
-    """
+    """Scalars: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
+    Nothing is created until the first log, so a run that fails early leaves no empty log dir."""
 
     def __init__(self, log_dir: str | Path):
         self.log_dir = str(log_dir)
         self.remote = storage.is_gcs_uri(self.log_dir)
-        self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir is written here, then uploaded
+        self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir's local copy
         self._writer = None
 
     @property
@@ -145,7 +130,8 @@ class TensorBoardCallback(TrainCallback):
 
             if self.remote:
                 self.staging = tempfile.TemporaryDirectory(prefix="nli-tensorboard-")
-            self._writer = SummaryWriter(self.staging.name if self.remote else self.log_dir, flush_secs=30)
+            self._writer = SummaryWriter(self.staging.name if self.remote else self.log_dir,
+                                         flush_secs=30)
         return self._writer
 
     def on_log(self, rows: list[dict]) -> None:
@@ -182,7 +168,7 @@ class TensorBoardCallback(TrainCallback):
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar tag of a local TensorBoard log dir: {tag: [(step, value), ...]}, in step order."""
+    """Every scalar of a local TensorBoard log dir: {tag: [(step, value), ...]}, in step order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0: keep every point
@@ -190,21 +176,21 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-# -- what the trainer command attaches ------------------------------------------------------------------
+# -- what the trainer command attaches -------------------------------------------------------------
 def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCallback] = (),
                       env: Mapping[str, str] | None = None) -> list[TrainCallback]:
-    """TensorBoard (when the package is installed) and, in a tuning trial or when asked, the hypertune report.
-
-    Callbacks of a kind already in `given` are not added again.
-    """
+    """TensorBoard (when installed) and, in a tuning trial or when asked, the hypertune report;
+    not a kind already in `given`."""
     env = os.environ if env is None else env
     out: list[TrainCallback] = []
     if not any(isinstance(c, TensorBoardCallback) for c in given):
         if tensorboard_available():
             out.append(TensorBoardCallback(tensorboard_log_dir(job_dir, env)))
         else:
-            log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+            log.warning("tensorboard is not installed: no TensorBoard logs "
+                        "(pip install tensorboard)")
     metric = cfg.hypertune_metric
-    if (metric or in_tuning_trial(env)) and not any(isinstance(c, HypertuneCallback) for c in given):
+    if ((metric or in_tuning_trial(env))
+            and not any(isinstance(c, HypertuneCallback) for c in given)):
         out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC))
     return out
