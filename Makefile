@@ -84,7 +84,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 WORKERS ?= auto
 XDIST := -n $(WORKERS) --dist loadfile
 test: $(STAMP) browser
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) tests notebooks $(NBVAL)
+	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
