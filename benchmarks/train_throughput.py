@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-repeats", type=int, default=None,
                    help="rounds that include seed_recipe, the slowest runner by far (default: all; 1 with --quick)")
     p.add_argument("--runners", default=",".join(RUNNER_NAMES),
-                   help="comma-separated runners; RUNNER@VARIANT adds an ablation for the change log: "
+                   help="comma-separated runners ('': the data pipeline only); RUNNER@VARIANT adds "
+                        "an ablation for the change log: "
                         "nli_helpers@foreach_adamw (the optimizer before fused AdamW), nli_helpers@fp32 (no bf16 "
                         "autocast), nli_helpers@no_grouping (random batches, dynamic padding only); join with +")
     p.add_argument("--model", default="minilm-l6",
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
             pipeline = run_one("data_pipeline", spec, Path(tmp), args.timeout, "data_pipeline.py")
         for rep in range(repeats):
             todo = [r for r in runners if r != "seed_recipe" or rep < seed_repeats]
+            if not todo:  # --runners '': the data pipeline only
+                break
             order = todo[rep % len(todo):] + todo[:rep % len(todo)]  # rotate: no runner always first
             orders.append(order)
             results = {}
@@ -240,7 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
               "orders": orders, "runners": runners}
     report = {"runs": runs, "ratios": ratios, "data_pipeline": pipeline, "config": config,
               "machine": machine}
-    print_table(runs, ratios)
+    if runs:
+        print_table(runs, ratios)
     if pipeline:
         print_pipeline(pipeline)
     if args.out:
