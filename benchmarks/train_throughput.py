@@ -9,11 +9,14 @@ premise-disjoint held-out rows:
     python benchmarks/train_throughput.py --steps 150 --repeats 3          # the numbers in README.md
     python benchmarks/train_throughput.py --model roberta-base --learning-rate 2e-5 --steps 300  # GPU
 
-Writes `{"runs": {runner: {...}}, "ratios": {"vs_seed": x, "vs_trainer": y}, "config": {...},
-"machine": {...}}` and prints a table. Each run's numbers are medians over the repeats; each ratio
-is the median of the per-repeat ratios (runners of one repeat run back to back). Throughput counts
+Writes `{"runs": {runner: {...}}, "ratios": {"vs_seed": x, "vs_trainer": y}, "data_pipeline":
+{"collate": {...}, "tokenise": {...}}, "config": {...}, "machine": {...}}` and prints a table.
+Each run's numbers are medians over the repeats; each ratio is the median of the per-repeat
+ratios (runners of one repeat run back to back). Throughput counts
 the training loop from the first training forward call to the last optimizer step (so it includes
 torch.compile time, if any, but not model loading or tokenising); `wall_s` is the whole process.
+`data_pipeline` (from `data_pipeline.py`, its own process, first) times collating a batch the old
+and the new way on the same batches, and tokenising the data with the token cache cold and warm.
 See benchmarks/README.md for the machine, results and what each speed-up gave.
 """
 
@@ -56,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-repeats", type=int, default=None,
                    help="rounds that include seed_recipe, the slowest runner by far (default: all; 1 with --quick)")
     p.add_argument("--runners", default=",".join(RUNNER_NAMES),
-                   help="comma-separated runners; RUNNER@VARIANT adds an ablation for the change log: "
+                   help="comma-separated runners ('': the data pipeline only); RUNNER@VARIANT adds "
+                        "an ablation for the change log: "
                         "nli_helpers@foreach_adamw (the optimizer before fused AdamW), nli_helpers@fp32 (no bf16 "
                         "autocast), nli_helpers@no_grouping (random batches, dynamic padding only); join with +")
     p.add_argument("--model", default="minilm-l6",
@@ -67,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per run (0: torch's default)")
     p.add_argument("--seed", type=int, default=42, help="seed for weights, data order and the premise split")
     p.add_argument("--timeout", type=int, default=3600, help="seconds before one run is killed")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                   help="time collating and tokenising (data_pipeline.py) before the training runs")
+    p.add_argument("--tokenise-scale", type=int, default=1,
+                   help="tokenise the training split this many times over (44: ~full MultiNLI)")
     return p
 
 
@@ -78,7 +86,7 @@ def make_spec(args: argparse.Namespace, model_path: str) -> dict:
         "learning_rate": args.learning_rate, "warmup_ratio": 0.1, "weight_decay": 0.01, "seed": args.seed,
         "eval_fraction": 0.1,
         "max_eval_samples": args.max_eval_samples if args.max_eval_samples is not None else mode["max_eval_samples"],
-        "threads": args.threads,
+        "threads": args.threads, "tokenise_scale": args.tokenise_scale,
     }
 
 
@@ -98,14 +106,16 @@ def reap(proc: subprocess.Popen, timeout: float):
     return usage
 
 
-def run_one(runner: str, spec: dict, workdir: Path, timeout: int) -> dict:
+def run_one(runner: str, spec: dict, workdir: Path, timeout: int,
+            script: str = "throughput_runners.py") -> dict:
     """One run in a fresh process; its peak RSS comes from the kernel's accounting of that process."""
     stem = runner.replace("@", "-").replace("+", "-")
     spec_path, out_path = workdir / f"{stem}.spec.json", workdir / f"{stem}.result.json"
     spec_path.write_text(json.dumps({**spec, "runner": runner}))
     out_path.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, str(Path(__file__).with_name("throughput_runners.py")),
+    env["NLI_CACHE_DIR"] = str(workdir / "cache")  # the runs share a token cache, deleted after
+    cmd = [sys.executable, str(Path(__file__).with_name(script)),
            "--spec", str(spec_path), "--out", str(out_path)]
     log_path = workdir / f"{stem}.log"
     start = time.perf_counter()
@@ -177,6 +187,17 @@ def print_table(runs: dict, ratios: dict) -> None:
         print(f"nli_helpers examples/s {key}: {value:.2f}x")
 
 
+def print_pipeline(pipeline: dict) -> None:
+    col, tok = pipeline["collate"], pipeline["tokenise"]
+    alone = col["old_collator_only_ms_per_batch"]
+    print(f"collate, {col['batches']} batches of {col['batch_size']}: DataCollatorWithPadding "
+          f"{col['old_ms_per_batch']:.3f} ms/batch (the collator alone {alone:.3f}), "
+          f"PaddedCollator {col['new_ms_per_batch']:.3f} ms/batch: {col['ratio']:.1f}x")
+    print(f"tokenise {tok['pairs']:,} pairs: cold cache {tok['cold_s']:.2f} s, "
+          f"warm {tok['warm_s']:.3f} s ({tok['cold_over_warm']:.0f}x), "
+          f"no cache {tok['no_cache_s']:.2f} s")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
@@ -200,8 +221,13 @@ def main(argv: list[str] | None = None) -> dict:
     rounds: list[dict[str, dict]] = []
     orders = []
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
+        pipeline = None
+        if args.pipeline:  # first, on a machine not yet warmed by the training runs
+            pipeline = run_one("data_pipeline", spec, Path(tmp), args.timeout, "data_pipeline.py")
         for rep in range(repeats):
             todo = [r for r in runners if r != "seed_recipe" or rep < seed_repeats]
+            if not todo:  # --runners '': the data pipeline only
+                break
             order = todo[rep % len(todo):] + todo[:rep % len(todo)]  # rotate: no runner always first
             orders.append(order)
             results = {}
@@ -215,8 +241,12 @@ def main(argv: list[str] | None = None) -> dict:
     config = {**{k: v for k, v in spec.items() if k != "model_path"}, "repeats": repeats,
               "seed_repeats": seed_repeats, "quick": args.quick,
               "orders": orders, "runners": runners}
-    report = {"runs": runs, "ratios": ratios, "config": config, "machine": machine}
-    print_table(runs, ratios)
+    report = {"runs": runs, "ratios": ratios, "data_pipeline": pipeline, "config": config,
+              "machine": machine}
+    if runs:
+        print_table(runs, ratios)
+    if pipeline:
+        print_pipeline(pipeline)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

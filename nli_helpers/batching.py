@@ -134,6 +134,7 @@ def cached_map(tokenise, path: Path, rows: int) -> tuple[Dataset, bool]:
         with FileLock(f"{path}.lock"):
             cached = read_cached(path, rows)
             if cached is not None:
+                log.info("tokens read from the cache: %s", path)
                 return cached, True
             return tokenise(cache_file_name=str(path), load_from_cache_file=False), False
     except OSError as e:  # a read-only or full disk must not stop a run: tokenise in memory

@@ -39,11 +39,12 @@ def report(tmp_path_factory):
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "vs_trainer" in proc.stdout  # the printed table and ratios
+    assert "PaddedCollator" in proc.stdout and "warm" in proc.stdout  # and the data pipeline's
     return json.loads(out.read_text())
 
 
 def test_json_has_the_documented_shape(report):
-    assert set(report) == {"runs", "ratios", "config", "machine"}
+    assert set(report) == {"runs", "ratios", "data_pipeline", "config", "machine"}
     assert set(report["runs"]) == set(RUNNERS)
     assert set(report["ratios"]) == {"vs_seed", "vs_trainer"}
     for name, run in report["runs"].items():
@@ -55,6 +56,15 @@ def test_json_has_the_documented_shape(report):
     config = report["config"]
     assert (config["steps"], config["batch_size"], config["max_length"]) == (2, 8, 64)
     assert report["machine"]["cpus"] >= 1 and "torch" in report["machine"]
+
+
+def test_the_data_pipeline_is_timed_old_against_new(report):
+    collate, tokenise = report["data_pipeline"]["collate"], report["data_pipeline"]["tokenise"]
+    old, new = collate["old_ms_per_batch"], collate["new_ms_per_batch"]
+    assert collate["batches"] > 0 and collate["batch_size"] == 8 and old > 0 and new > 0
+    assert collate["ratio"] == pytest.approx(old / new)  # a ratio, never a speed to reach
+    assert tokenise["pairs"] > 0 and tokenise["max_length"] == 64
+    assert tokenise["cold_s"] > 0 and tokenise["warm_s"] > 0 and tokenise["no_cache_s"] > 0
 
 
 def test_every_runner_scores_the_same_held_out_rows(report):

@@ -5,6 +5,9 @@ Files are built from plausible rows with hostile values (unicode, nulls, nesting
 for labels), arbitrary JSON values, random bytes, blank lines, a byte-order mark, and gzip, whole or
 cut short. When a file loads, every label is 0/1/2, every premise and hypothesis is non-blank text,
 and every object line is either kept or counted in the report.
+
+And the loader's other end: any batch of rows collates (`PaddedCollator`) exactly as transformers'
+`DataCollatorWithPadding` would.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import gzip
 import itertools
 import json
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -130,3 +134,35 @@ def test_any_jsonl_loads_or_raises_the_projects_error(tmp_path, file):
     if expected is not None:
         accounted = kept + report.dropped_unlabelled + report.dropped_blank + report.dropped_duplicates
         assert accounted == expected, str(report)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenized(tiny_model_dir, sample_splits):
+    from transformers import AutoTokenizer
+
+    from nli_helpers.batching import tokenize_splits
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return tokenizer, tokenize_splits(sample_splits, tokenizer, 64, use_cache=False)["train"]
+
+
+batches_of_rows = st.lists(st.integers(0, 10**6), min_size=1, max_size=40)  # taken modulo the rows
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches_of_rows, st.sampled_from(["right", "left"]), st.sampled_from([None, 3, 8]))
+def test_any_batch_of_rows_collates_as_transformers_does(tiny_tokenized, rows, side, multiple):
+    """For any rows (repeated, in any order) PaddedCollator and DataCollatorWithPadding agree."""
+    import torch
+    from transformers import DataCollatorWithPadding
+
+    from nli_helpers.batching import PaddedCollator
+
+    tokenizer, split = tiny_tokenized
+    tokenizer.padding_side = side
+    rows = [row % len(split) for row in rows]
+    features = list(split.remove_columns(["genre", "length"]).select(rows))
+    theirs = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)(features)
+    ours = PaddedCollator(split, tokenizer, pad_to_multiple_of=multiple)(rows)
+    assert ours.keys() == theirs.keys()
+    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)

@@ -1,0 +1,126 @@
+"""The data pipeline's two costs, each old way against new: collating a batch, tokenising the data.
+
+`train_throughput.py` runs this file once, in its own process, before the training runs:
+
+    python benchmarks/data_pipeline.py --model-path DIR --data FILE --out result.json
+
+- collate: the same length-grouped batches of the training split (as the loop draws them),
+  fetched and padded the old way (the datasets rows a DataLoader fetched, then transformers'
+  DataCollatorWithPadding) and the new way (`PaddedCollator`, from flat token arrays); ms per
+  batch, the best of a few passes over all the batches, and the ratio. Both must give the same
+  tensors, and are checked to.
+- tokenise: `tokenize_splits` on the data's splits in an empty cache folder (cold: tokenise and
+  write), again (warm: read back), and with the cache off (what every run paid before it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from datasets import concatenate_datasets  # noqa: E402
+from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: E402
+
+from nli_helpers.batching import (  # noqa: E402
+    LengthGroupedBatchSampler,
+    PaddedCollator,
+    tokenize_splits,
+)
+from nli_helpers.data import load_nli_splits  # noqa: E402
+
+
+def best_ms(step, batches: list, passes: int) -> float:
+    """Milliseconds per batch of `step` over all `batches`: the fastest of `passes` passes."""
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        for rows in batches:
+            step(rows)
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times) / len(batches)
+
+
+def collate_timings(split, tokenizer, batch_size: int, passes: int) -> dict:
+    """Old (datasets rows, DataCollatorWithPadding) and new (PaddedCollator), the same batches."""
+    batches = LengthGroupedBatchSampler(split["length"], batch_size, seed=42).batches()
+    rows = split.remove_columns([c for c in ("genre", "length") if c in split.column_names])
+    old_collator = DataCollatorWithPadding(tokenizer)
+
+    def old(batch):  # what the DataLoader over the datasets split did per batch
+        return old_collator(rows.__getitems__(batch.tolist()))
+
+    start = time.perf_counter()
+    new = PaddedCollator(split, tokenizer)
+    setup_ms = 1000 * (time.perf_counter() - start)
+    for batch in batches:  # the same tensors, or the timing compares different work
+        ours, theirs = new(batch), old(batch)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    old_ms, new_ms = best_ms(old, batches, passes), best_ms(new, batches, passes)
+    features = [rows.__getitems__(b.tolist()) for b in batches]  # the collator alone, rows fetched
+    collator_ms = best_ms(old_collator, features, passes)
+    return {
+        "batches": len(batches),
+        "batch_size": batch_size,
+        "passes": passes,
+        "old_ms_per_batch": old_ms,
+        "old_collator_only_ms_per_batch": collator_ms,
+        "new_ms_per_batch": new_ms,
+        "new_setup_ms": setup_ms,
+        "ratio": old_ms / new_ms,
+    }
+
+
+def tokenise_timings(splits, tokenizer, max_length: int) -> dict:
+    """Seconds for `tokenize_splits`: cold (empty cache), warm (cache hit), and with no cache."""
+    with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp:
+        tokenize = functools.partial(tokenize_splits, splits, tokenizer, max_length, cache_dir=tmp)
+        seconds = {}
+        for run, use_cache in (("cold", True), ("warm", True), ("no_cache", False)):
+            start = time.perf_counter()
+            out = tokenize(use_cache=use_cache)
+            seconds[run] = time.perf_counter() - start
+            assert all(out.cache_hits.values()) == (run == "warm"), (run, out.cache_hits)
+    return {
+        "pairs": sum(len(s) for s in splits.values()),
+        "max_length": max_length,
+        "cold_s": seconds["cold"],
+        "warm_s": seconds["warm"],
+        "no_cache_s": seconds["no_cache"],
+        "cold_over_warm": seconds["cold"] / seconds["warm"],
+    }
+
+
+def run(spec: dict) -> dict:
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
+    splits = load_nli_splits(spec["data"], eval_fraction=spec["eval_fraction"], seed=spec["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
+    max_length, scale = spec["max_length"], spec.get("tokenise_scale", 1)
+    train = tokenize_splits({"train": splits["train"]}, tokenizer, max_length, use_cache=False)
+    collate = collate_timings(train["train"], tokenizer, spec["batch_size"], spec.get("passes", 3))
+    if scale > 1:  # the training split repeated: a full-MultiNLI-sized job from a small file
+        splits["train"] = concatenate_datasets([splits["train"]] * scale)
+    tokenise = tokenise_timings(splits, tokenizer, max_length)
+    return {"collate": collate, "tokenise": {**tokenise, "scale": scale}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", help="JSON file: model_path, data, batch_size, max_length, ...")
+    parser.add_argument("--out", required=True, help="where to write the JSON result")
+    args = parser.parse_args()
+    result = run(json.loads(Path(args.spec).read_text()))
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
