@@ -1,6 +1,7 @@
 """Tokenise the splits once (cached across runs), batch pairs of similar length together, pad them.
 
-    >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)   # input_ids, attention_mask, label, length
+    >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)
+    >>> # each split of tokenized: input_ids, attention_mask, label, length
     >>> sampler = LengthGroupedBatchSampler(tokenized["train"]["length"], batch_size=32, seed=42)
     >>> padding_stats(lengths, sampler.batches())                           # real vs padded tokens
     >>> PaddedCollator(tokenized["train"], tokenizer)([3, 1, 4])            # a padded batch of rows
@@ -51,11 +52,12 @@ def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
     otherwise take tens of GB of memory.
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one (AutoTokenizer default)")
+        raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; "
+                        "use a fast one (AutoTokenizer default)")
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and limit < 1_000_000 and max_length > limit:
-        raise ConfigError(f"max_length={max_length} is more than this model takes ({limit} tokens); "
-                          f"use --max_length {limit} or less")
+        raise ConfigError(f"max_length={max_length} is more than this model takes "
+                          f"({limit} tokens); use --max_length {limit} or less")
     cap = CHARS_PER_TOKEN_CAP * max_length
 
     def encode(batch):
@@ -158,25 +160,26 @@ def read_cached(path: Path, rows: int) -> Dataset | None:
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    """Batches of similar length in a random order: the padding per batch shrinks, the order stays random.
+    """Batches of similar length in a random order: the padding shrinks, the order stays random.
 
     Each epoch: shuffle all indices (seed + epoch), cut them into mega-batches of
     `batch_size * mega_batches` examples, sort each mega-batch by length, cut it into batches and
-    shuffle the batches. `batch_size` is the global batch: with `num_replicas > 1` each rank takes its
-    interleaved share of every batch (batch_size / num_replicas examples), so N processes see exactly
-    the batches one process would; every rank draws the same permutation (same seed), so no
-    communication is needed.
+    shuffle the batches. `batch_size` is the global batch: with `num_replicas > 1` each rank takes
+    its interleaved share of every batch (batch_size / num_replicas examples), so N processes see
+    exactly the batches one process would; every rank draws the same permutation (same seed), so
+    no communication is needed.
     """
 
     def __init__(self, lengths: list[int] | np.ndarray, batch_size: int, *, seed: int = 0,
-                 group_by_length: bool = True, mega_batches: int = 50, num_replicas: int = 1, rank: int = 0):
+                 group_by_length: bool = True, mega_batches: int = 50, num_replicas: int = 1,
+                 rank: int = 0):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.group = batch_size, seed, group_by_length
         self.mega, self.num_replicas, self.rank = mega_batches, num_replicas, rank
         self.epoch = self.skip = 0
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Choose the epoch's order; `skip_batches` resumes part way through it (after a checkpoint)."""
+        """Choose the epoch's order; `skip_batches` resumes mid-epoch (after a checkpoint)."""
         self.epoch, self.skip = epoch, skip_batches
 
     def global_batches(self) -> list[np.ndarray]:
@@ -191,12 +194,13 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         batches = [order[i:i + size] for i in range(0, len(order), size)]
         if self.group:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-            # The longest batch first, as Hugging Face's sampler does: an out-of-memory shows at step 1, not
-            # hours in, and the allocator sizes its pools once (on the CPU, random lengths first grew the peak
-            # RSS by a third: benchmarks/README.md).
+            # The longest batch first, as Hugging Face's sampler does: an out-of-memory shows at
+            # step 1, not hours in, and the allocator sizes its pools once (on the CPU, random
+            # lengths first grew the peak RSS by a third: benchmarks/README.md).
             longest = max(range(len(batches)), key=lambda i: self.lengths[batches[i]].max())
             batches[0], batches[longest] = batches[longest], batches[0]
-        # A last batch too small to give every rank an example is dropped, so all ranks step together.
+        # A last batch too small to give every rank an example is dropped, so all ranks step
+        # together.
         return [b for b in batches if len(b) >= self.num_replicas]
 
     def batches(self) -> list[np.ndarray]:
@@ -225,7 +229,7 @@ class PaddedCollator:
     """
 
     def __init__(self, split, tokenizer, pad_to_multiple_of: int | None = None):
-        table = split.with_format("arrow")[:]  # the rows as the split sees them (after select/shuffle)
+        table = split.with_format("arrow")[:]  # rows as the split sees them (after select/shuffle)
         pad = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0,
                "token_type_ids": tokenizer.pad_token_type_id, "special_tokens_mask": 1}
         self.pad = {name: value for name, value in pad.items() if name in table.column_names}
@@ -241,11 +245,13 @@ class PaddedCollator:
         width = int(lengths.max())
         if self.multiple:
             width = -(-width // self.multiple) * self.multiple
-        # Column j of a row holds its token j - shift: shift is the row's padding when padding on the left.
+        # Column j of a row holds its token j - shift: shift is the row's padding when padding on
+        # the left.
         token = np.arange(width) - (width - lengths if self.left else 0)
         real = (token >= 0) & (token < lengths)
         where = np.where(real, self.starts[rows][:, None] + token, 0)
-        batch = {name: torch.from_numpy(np.where(real, self.flat[name][where], pad).astype(np.int64))
+        batch = {name: torch.from_numpy(np.where(real, self.flat[name][where],
+                                                 pad).astype(np.int64))
                  for name, pad in self.pad.items()}
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[rows].astype(np.int64))
@@ -257,4 +263,5 @@ def padding_stats(lengths: list[int] | np.ndarray, batches: list[np.ndarray]) ->
     lengths = np.asarray(lengths)
     real = int(lengths.sum())
     padded = int(sum(len(b) * lengths[b].max() for b in batches if len(b)))
-    return {"real_tokens": real, "padded_tokens": padded, "pad_fraction": 1 - real / padded if padded else 0.0}
+    return {"real_tokens": real, "padded_tokens": padded,
+            "pad_fraction": 1 - real / padded if padded else 0.0}

@@ -35,16 +35,20 @@ log = logging.getLogger(__name__)
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 UNLABELLED = {"-", "-1", ""}
 UNLABELLED_ID = -1
-# Numeric labels as text: "1", "-1", and "1.0" (how a label column with gaps comes back from pandas).
+# Numeric labels as text: "1", "-1", and "1.0" (how a label column with gaps comes back from
+# pandas).
 LABEL_NUMBER = re.compile(r"-?[0-9]+(\.0*)?")
 # An unpaired surrogate (JSON can spell one as "\ud800") is not Unicode text: nothing can encode it.
 SURROGATE = re.compile(r"[\ud800-\udfff]")
-# Texts are cut to this many characters per token of max_length before tokenising (see tokenize_splits).
+# Texts are cut to this many characters per token of max_length before tokenising (see
+# tokenize_splits).
 CHARS_PER_TOKEN_CAP = 32
-SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # hand-written, 360 pairs: a test fixture
-# 2,994 real MultiNLI dev_matched pairs chosen by premise (sample/README.md): the offline default of `smoke`.
+SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written test pairs
+# 2,994 real MultiNLI dev_matched pairs chosen by premise (sample/README.md): the offline default of
+# `smoke`.
 MNLI_SUBSET_PATH = Path(__file__).parent / "sample" / "mnli_dev_matched_subset.jsonl"
-BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"), "mnli-subset": (MNLI_SUBSET_PATH, "bundled MultiNLI subset")}
+BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"),
+           "mnli-subset": (MNLI_SUBSET_PATH, "bundled MultiNLI subset")}
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
 MATCHED_GENRES = ("fiction", "government", "slate", "telephone", "travel")
 MISMATCHED_GENRES = ("facetoface", "letters", "nineeleven", "oup", "verbatim")
@@ -64,18 +68,18 @@ class LoadReport:
     source: str
     dropped_unlabelled: int = 0   # gold label -1, '-', empty or null
     dropped_blank: int = 0        # premise or hypothesis null, empty or whitespace only
-    dropped_duplicates: int = 0   # exact repeats of an earlier (premise, hypothesis, label) in the same file
-    conflicting_labels: int = 0   # kept: rows whose (premise, hypothesis) also appears with another label
+    dropped_duplicates: int = 0   # repeats of an earlier (premise, hypothesis, label) in one file
+    conflicting_labels: int = 0   # kept: rows whose (premise, hypothesis) also has another label
     rows: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v:,}" for k, v in self.rows.items())
-        text = (f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows (-1, '-' or empty), "
-                f"{self.dropped_blank:,} with a blank premise or hypothesis, "
+        text = (f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows "
+                f"(-1, '-' or empty), {self.dropped_blank:,} with a blank premise or hypothesis, "
                 f"{self.dropped_duplicates:,} exact duplicates")
         if self.conflicting_labels:
-            text += (f"; kept {self.conflicting_labels:,} rows whose premise and hypothesis also appear "
-                     "with a different label")
+            text += (f"; kept {self.conflicting_labels:,} rows whose premise and hypothesis "
+                     "also appear with a different label")
         return text
 
 
@@ -83,17 +87,17 @@ class LoadReport:
 
 
 def _merge_schemas(df: pd.DataFrame, source: str) -> pd.DataFrame:
-    """A file mixing both schemas (premise/label on some rows, raw MultiNLI's sentence1/gold_label on others) is one
-    table: each row takes whichever of the two columns it has. A row with both, differing, is an error."""
+    """A file mixing both schemas (premise/label on some rows, raw MultiNLI's sentence1/gold_label
+    on others) is one table: each row takes whichever it has (if it has both, they must agree)."""
     for alias, name in COLUMN_ALIASES.items():
         if alias not in df.columns or name not in df.columns:
             continue
         mine, theirs = df[name].map(_present), df[alias].map(_present)
         clash = mine & theirs & (df[name].astype(str) != df[alias].astype(str))
         if clash.any():
-            raise DataError(f"{source} has both {name!r} and {alias!r} on {_where(df, clash.idxmax())} with "
-                            f"different values; keep one schema (premise/hypothesis/label or "
-                            "sentence1/sentence2/gold_label) per row")
+            raise DataError(f"{source} has both {name!r} and {alias!r} on "
+                            f"{_where(df, clash.idxmax())} with different values; keep one schema "
+                            "(premise/hypothesis/label or sentence1/sentence2/gold_label) per row")
         df = df.assign(**{name: df[name].where(mine, df[alias])}).drop(columns=alias)
     return df
 
@@ -103,7 +107,7 @@ def _present(value) -> bool:
 
 
 def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.DataFrame:
-    """Rename columns to premise/hypothesis/label(/genre), map labels to ids, and drop what cannot train.
+    """Rename columns to premise/hypothesis/label(/genre), map labels to ids, drop what can't train.
 
     Dropped and counted in `report` (the run prints it): unlabelled rows (-1, '-', empty or null
     label: MultiNLI's "no gold label"), rows whose premise or hypothesis is null, empty or only
@@ -113,8 +117,7 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     counted: crowd labels disagree, and the benchmark's splits keep such rows.
 
     Anything else raises one DataError naming the first bad line (JSON Lines) or row: a missing
-    column, an unknown label, a premise or hypothesis that is not text (a number, list or object)
-    or not valid Unicode.
+    column, an unknown label, a premise or hypothesis that is not a string or not valid Unicode.
     """
     seen = df.attrs.get("columns_seen") or [str(c) for c in df.columns]
     df = _merge_schemas(df, source)
@@ -122,13 +125,14 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     missing = [c for c in ("premise", "hypothesis", "label") if c not in df.columns]
     if missing:
         found = ", ".join(repr(c) for c in seen[:20]) + (", ..." if len(seen) > 20 else "")
-        raise DataError(f"{source} lacks column(s) {', '.join(missing)} (found: {found or 'none'}); "
-                        "name them premise/hypothesis/label or sentence1/sentence2/gold_label")
+        raise DataError(f"{source} lacks column(s) {', '.join(missing)} (found: {found or 'none'})"
+                        "; name them premise/hypothesis/label or sentence1/sentence2/gold_label")
     keep = ["premise", "hypothesis", "label"] + (["genre"] if "genre" in df.columns else [])
     if df.columns.duplicated().any():
         twice = sorted({c for c in df.columns[df.columns.duplicated()] if c in keep})
         if twice:
-            raise DataError(f"{source} has the column(s) {', '.join(twice)} more than once; keep one of each")
+            raise DataError(f"{source} has the column(s) {', '.join(twice)} more than once; "
+                            "keep one of each")
     df = df[keep].copy()
     read = len(df)
 
@@ -137,9 +141,9 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     if unknown.any():
         bad = df.loc[unknown, "label"]
         shown = ", ".join(sorted({_shown(v) for v in bad})[:5])
-        raise DataError(f"{source} has unknown label value(s) {shown} (first on {_where(df, bad.index[0])}); "
-                        f"labels must be {'/'.join(LABELS)} or 0/1/2 (rows labelled -1, '-' or nothing "
-                        "are dropped)")
+        raise DataError(f"{source} has unknown label value(s) {shown} "
+                        f"(first on {_where(df, bad.index[0])}); labels must be {'/'.join(LABELS)} "
+                        "or 0/1/2 (rows labelled -1, '-' or nothing are dropped)")
     unlabelled = ids == UNLABELLED_ID
     report.dropped_unlabelled += int(unlabelled.sum())
     df = df[~unlabelled].assign(label=ids[~unlabelled].astype("int64"))
@@ -151,11 +155,13 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
         if bad.any():
             at = bad.idxmax()
             if kinds[at] == "surrogate":
-                raise DataError(f"{source}: the {col} on {_where(df, at)} is not valid Unicode (it holds an "
-                                "unpaired surrogate, such as a JSON \\ud800 escape); fix or remove that row")
+                raise DataError(f"{source}: the {col} on {_where(df, at)} is not valid Unicode "
+                                "(it holds an unpaired surrogate, such as a JSON \\ud800 escape); "
+                                "fix or remove that row")
             kind = kinds[at]
             raise DataError(f"{source}: the {col} on {_where(df, at)} is {_shown(df.at[at, col])} "
-                            f"({'an' if kind[0] in 'aeiou' else 'a'} {kind}), not text; every {col} must be a string")
+                            f"({'an' if kind[0] in 'aeiou' else 'a'} {kind}), not text; "
+                            f"every {col} must be a string")
         blank |= kinds == "blank"
     report.dropped_blank += int(blank.sum())
     df = df[~blank]
@@ -169,8 +175,9 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     df = df[~duplicate]
     report.conflicting_labels += int(df.duplicated(["premise", "hypothesis"], keep=False).sum())
     if df.empty:
-        raise DataError(f"{source} has no usable rows left: of {read:,} rows, {int(unlabelled.sum()):,} are "
-                        f"unlabelled and {int(blank.sum()):,} have a blank premise or hypothesis")
+        raise DataError(f"{source} has no usable rows left: of {read:,} rows, "
+                        f"{int(unlabelled.sum()):,} are unlabelled and {int(blank.sum()):,} have a "
+                        "blank premise or hypothesis")
     return df.reset_index(drop=True)
 
 
@@ -208,7 +215,7 @@ def _missing(value) -> bool:
 
 
 def _text_kind(value) -> str:
-    """'ok', 'blank' (null, empty or whitespace), 'surrogate' (not encodable), or the JSON type of a non-string."""
+    """'ok', 'blank' (null, empty or whitespace), 'surrogate' (unencodable) or json_type(value)."""
     if isinstance(value, str):
         if not value.strip():
             return "blank"
@@ -225,7 +232,8 @@ def _shown(value) -> str:
     """A value for an error message: short, and printable whatever it holds."""
     if isinstance(value, str):
         text = repr(value.strip().lower())
-    elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+    elif (isinstance(value, (int, float, np.integer, np.floating))
+          and not isinstance(value, (bool, np.bool_))):
         text = repr(str(value))
     else:
         text = repr(value)
@@ -233,7 +241,7 @@ def _shown(value) -> str:
 
 
 def _where(df: pd.DataFrame, label) -> str:
-    """'line N' for JSON Lines (the index holds line numbers), else 'row N' counting data rows from 1."""
+    """'line N' for JSON Lines (the index holds line numbers), else 'row N' counting rows from 1."""
     if df.index.name == "line":
         return f"line {label}"
     return f"row {label + 1}" if isinstance(label, (int, np.integer)) else f"row {label!r}"
@@ -246,7 +254,8 @@ def premise_bucket(premise: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def split_by_premise(df: pd.DataFrame, eval_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_by_premise(df: pd.DataFrame, eval_fraction: float,
+                     seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Hold out about `eval_fraction` of rows by premise, so no premise is in both parts.
 
     MultiNLI repeats each premise with up to six hypotheses scattered through a file; a split by
@@ -256,16 +265,19 @@ def split_by_premise(df: pd.DataFrame, eval_fraction: float, seed: int) -> tuple
     return df[~held_out].reset_index(drop=True), df[held_out].reset_index(drop=True)
 
 
-def splits_from_single_frame(df: pd.DataFrame, eval_fraction: float, seed: int) -> dict[str, pd.DataFrame]:
-    """One table → train / validation_matched (by premise) / validation_mismatched (held-out genres)."""
+def splits_from_single_frame(df: pd.DataFrame, eval_fraction: float,
+                             seed: int) -> dict[str, pd.DataFrame]:
+    """One table → train, validation_matched (by premise), validation_mismatched (by genre)."""
     splits = {}
-    if "genre" in df.columns and df["genre"].isin(MISMATCHED_GENRES).any() and df["genre"].isin(MATCHED_GENRES).any():
-        splits["validation_mismatched"] = df[df["genre"].isin(MISMATCHED_GENRES)].reset_index(drop=True)
+    if ("genre" in df.columns and df["genre"].isin(MISMATCHED_GENRES).any()
+            and df["genre"].isin(MATCHED_GENRES).any()):
+        splits["validation_mismatched"] = (df[df["genre"].isin(MISMATCHED_GENRES)]
+                                           .reset_index(drop=True))
         df = df[~df["genre"].isin(MISMATCHED_GENRES)]
     train, held_out = split_by_premise(df, eval_fraction, seed)
     if held_out.empty or train.empty:
-        raise DataError(f"splitting {len(df)} rows by premise with eval_fraction={eval_fraction} left an "
-                        "empty part; use more data or another eval_fraction")
+        raise DataError(f"splitting {len(df)} rows by premise with eval_fraction={eval_fraction} "
+                        "left an empty part; use more data or another eval_fraction")
     return {"train": train, "validation_matched": held_out, **splits}
 
 
@@ -276,7 +288,8 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
     """Load `source` into train / validation_matched (/ validation_mismatched) splits."""
     report = LoadReport(str(source))
     frames = _load_frames(str(source), report, eval_fraction, seed)
-    splits = DatasetDict({name: Dataset.from_pandas(df, preserve_index=False) for name, df in frames.items()})
+    splits = DatasetDict({name: Dataset.from_pandas(df, preserve_index=False)
+                          for name, df in frames.items()})
     splits = subsample(splits, fraction_of_train_data, max_train_samples, max_eval_samples, seed)
     report.rows = {name: len(ds) for name, ds in splits.items()}
     log.info("%s", report)
@@ -341,9 +354,8 @@ def _load_hub(name: str, report: LoadReport, eval_fraction: float, seed: int) ->
     from datasets import load_dataset
 
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
-        raise DataError(
-            f"--data {name!r} is neither an existing file or directory, a gs:// URI nor a hub name"
-        )
+        raise DataError(f"--data {name!r} is neither an existing file or directory, a gs:// URI "
+                        "nor a hub name")
     try:
         raw = load_dataset(name)
     except Exception as e:  # the hub raises many types; all mean "could not load this name"
@@ -367,10 +379,9 @@ def _held_out(frames: _Frames, train: str, eval_fraction: float, seed: int) -> _
         return frames
     kept, held_out = split_by_premise(frames["train"], eval_fraction, seed)
     if kept.empty or held_out.empty:
-        raise DataError(
-            f"splitting {train} by premise with eval_fraction={eval_fraction} left an empty "
-            "part; add a validation_matched file, use more data or another eval_fraction"
-        )
+        raise DataError(f"splitting {train} by premise with eval_fraction={eval_fraction} left an "
+                        "empty part; add a validation_matched file, use more data or another "
+                        "eval_fraction")
     return {**frames, "train": kept, "validation_matched": held_out}
 
 
