@@ -1,4 +1,4 @@
-"""nli_helpers: fine-tune a transformer on natural-language inference, on a notebook or on Vertex AI.
+"""nli_helpers: fine-tune a transformer on NLI, in a notebook or on Vertex AI.
 
 The modules, in layers (a module imports only those below it; `make lint` checks it, pyproject.toml
 [tool.importlinter]):

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from nli_helpers import checkpoint
-from nli_helpers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from nli_helpers.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def model(seed: int = 0) -> torch.nn.Module:

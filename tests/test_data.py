@@ -6,7 +6,14 @@ import pandas as pd
 import pytest
 
 from nli_helpers.batching import LengthGroupedBatchSampler, padding_stats, tokenize_splits
-from nli_helpers.data import LABELS, DataError, LoadReport, load_nli_splits, normalise_frame, split_by_premise
+from nli_helpers.data import (
+    LABELS,
+    DataError,
+    LoadReport,
+    load_nli_splits,
+    normalise_frame,
+    split_by_premise,
+)
 from nli_helpers.tables import read_table
 
 ROWS = [
