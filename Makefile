@@ -36,7 +36,7 @@ demo-notebooks:
 	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
 	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
 	  start=$$(date +%s); echo "$$nb ..."; \
-	  $(BIN)/papermill --no-progress-bar --log-level WARNING --cwd notebooks -f notebooks/params/smoke.yaml \
+	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks -f notebooks/params/smoke.yaml \
 	    "$$(pwd)/$$nb" "$$out/$$(basename $$nb)" || exit 1; \
 	  echo "  ok in $$(( $$(date +%s) - start ))s"; \
 	done; echo "executed notebooks: $$out"
