@@ -254,7 +254,7 @@ def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device
 
 
 def padded_collator(dataset, tokenizer, device: torch.device) -> PaddedCollator:
-    """Batches padded to their longest pair; on a GPU to a multiple of 8 (what tensor cores take)."""
+    """Batches padded to their longest pair; on a GPU to a multiple of 8 (for tensor cores)."""
     return PaddedCollator(dataset, tokenizer, 8 if device.type == "cuda" else None)
 
 
