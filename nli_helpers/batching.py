@@ -229,7 +229,7 @@ class PaddedCollator:
     """
 
     def __init__(self, split, tokenizer, pad_to_multiple_of: int | None = None):
-        table = split.with_format("arrow")[:]  # rows as the split sees them (after select/shuffle)
+        table = split.with_format("arrow")[:]  # the rows as the split sees them (select, shuffle)
         pad = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0,
                "token_type_ids": tokenizer.pad_token_type_id, "special_tokens_mask": 1}
         self.pad = {name: value for name, value in pad.items() if name in table.column_names}
@@ -245,14 +245,14 @@ class PaddedCollator:
         width = int(lengths.max())
         if self.multiple:
             width = -(-width // self.multiple) * self.multiple
-        # Column j of a row holds its token j - shift: shift is the row's padding when padding on
-        # the left.
+        # Column j of a row holds its token j - shift; shift > 0 only when padding on the left.
         token = np.arange(width) - (width - lengths if self.left else 0)
         real = (token >= 0) & (token < lengths)
         where = np.where(real, self.starts[rows][:, None] + token, 0)
-        batch = {name: torch.from_numpy(np.where(real, self.flat[name][where],
-                                                 pad).astype(np.int64))
-                 for name, pad in self.pad.items()}
+        batch = {}
+        for name, pad in self.pad.items():
+            padded = np.where(real, self.flat[name][where], pad)
+            batch[name] = torch.from_numpy(padded.astype(np.int64))
         if self.labels is not None:
             batch["labels"] = torch.from_numpy(self.labels[rows].astype(np.int64))
         return batch
