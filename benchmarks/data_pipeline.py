@@ -115,7 +115,7 @@ def run(spec: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", help="JSON file: model_path, data, batch_size, max_length, ...")
+    parser.add_argument("--spec", required=True, help="JSON file: model_path, data, batch_size, max_length, ...")
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     args = parser.parse_args()
     result = run(json.loads(Path(args.spec).read_text()))
