@@ -29,9 +29,9 @@ from nli_helpers.vertex import Machine
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: make_fake_vertex, trainer_image_python
 
 PROJECT, REGION = "test-project", "us-central1"
-# MiniLM on 96 pairs, batches of 8: 24 optimizer steps, a checkpoint every 6 (and at the epoch end).
-JOB = {"data": "sample", "model_name": "minilm-l6", "max_train_samples": 96, "max_eval_samples": 48, "epochs": 2,
-       "batch_size": 8, "learning_rate": 1e-4, "log_every": 2, "checkpoint_every": 6, "precision": "fp32"}
+# MiniLM on 64 pairs, batches of 8: 16 optimizer steps, a checkpoint every 4 (and at the epoch end).
+JOB = {"data": "sample", "model_name": "minilm-l6", "max_train_samples": 64, "max_eval_samples": 32, "epochs": 2,
+       "batch_size": 8, "learning_rate": 1e-4, "log_every": 2, "checkpoint_every": 4, "precision": "fp32"}
 ONE = Machine("n1-standard-4", None, 0)
 TWO = Machine("n1-standard-4", None, 0, replica_count=2)
 
@@ -47,14 +47,14 @@ def cloud(make_fake_vertex, trainer_image_python, gcs_bucket):
 def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: str | None = None,
             kind: str | None = None):
     """Submit the job (on Spot VMs for `kind="spot"`); with `interrupt=replica`, take that replica's VM
-    away (`kind`: "spot" or "maintenance") gracefully once the chief has logged step 8, then hard once the
-    restarted chief has logged step 16."""
+    away (`kind`: "spot" or "maintenance") gracefully once the chief has logged step 6, then hard once the
+    restarted chief has logged step 12."""
     fake, bucket, image = cloud
     pools = vertex.container_worker_pools(make_config("smoke", **JOB), machine, image)
     job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name,
                                    spot=kind == "spot")
     if interrupt:
-        for step, hard in ((8, False), (16, True)):
+        for step, hard in ((6, False), (12, True)):
             wait_for_step(fake, job.resource_name, step)  # in the chief's current attempt
             fake.preempt(job.resource_name, interrupt, kind=kind, hard=hard)
     assert vertex.watch_job(job, poll_s=0.5, timeout_s=600, progress=False) == "JOB_STATE_SUCCEEDED"
@@ -87,16 +87,16 @@ def assert_same_run(got, want) -> None:
 @pytest.mark.slow
 def test_a_preempted_single_replica_job_resumes_to_the_same_metrics(cloud, tmp_path):
     uninterrupted = run_job(cloud, ONE, "one", tmp_path)
-    assert uninterrupted[0]["train"]["steps"] == 24 and uninterrupted[0]["parameters"] > 20e6
+    assert uninterrupted[0]["train"]["steps"] == 16 and uninterrupted[0]["parameters"] > 20e6
 
     preempted = run_job(cloud, ONE, "one-preempted", tmp_path, interrupt="workerpool0-0", kind="spot")
     log = preempted[2].log
     assert log.count("[fake] workerpool0-0's Spot VM was preempted: the job fails with a STOCKOUT error") == 2
     assert f"exiting {134}" in log  # the trainer's restartable code, after its checkpoint
     graceful = re.search(r"\[workerpool0-0 attempt 2\] resuming from \S+checkpoint-(\d+)", log)
-    assert graceful and int(graceful.group(1)) >= 8, log[-3000:]  # the step it stopped at, not an epoch end
+    assert graceful and int(graceful.group(1)) >= 6, log[-3000:]  # the step it stopped at, not a periodic one
     hard = re.search(r"\[workerpool0-0 attempt 3\] resuming from \S+checkpoint-(\d+)", log)
-    assert hard and int(hard.group(1)) % 6 == 0, log[-3000:]  # the newest periodic checkpoint
+    assert hard and int(hard.group(1)) % 4 == 0, log[-3000:]  # the newest periodic checkpoint
     assert_same_run(preempted, uninterrupted)
 
 
