@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
-from .batching import LengthGroupedBatchSampler, PaddedCollator
 from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig, batch_split
+from .data import LengthGroupedBatchSampler, PaddedCollator
 
 # After a SIGTERM and a saved checkpoint, exit with a code Vertex AI retries: in a custom
 # container it restarts a job (up to three times) after 134 or 139 only, so every rank that
