@@ -31,12 +31,12 @@ import torch  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
 from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: E402
 
-from nli_helpers.batching import (  # noqa: E402
+from nli_helpers.data import (  # noqa: E402
     LengthGroupedBatchSampler,
     PaddedCollator,
+    load_nli_splits,
     tokenize_splits,
 )
-from nli_helpers.data import load_nli_splits  # noqa: E402
 
 
 def best_ms(step, batches: list, passes: int) -> float:

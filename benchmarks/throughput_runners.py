@@ -35,8 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from nli_helpers.batching import tokenize_splits  # noqa: E402
-from nli_helpers.data import load_nli_splits  # noqa: E402
+from nli_helpers.data import load_nli_splits, tokenize_splits  # noqa: E402
 from nli_helpers.model import load_model_and_tokenizer  # noqa: E402
 
 

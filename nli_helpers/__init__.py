@@ -7,10 +7,10 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     run                 one training run: load what a config names, train, save (local or gs://)
     tracking            TensorBoard and the hypertune report (callbacks of the loop)
     train               the loop, its step, evaluation, scores and log
-    checkpoint, model,  exact resume; loading and predicting; tokenising, the token cache and
-    batching            length-grouped batches
-    data, distributed   labels, sources, the premise split; ranks, devices and precision
-    storage, tables     gs:// and local paths; reading one file
+    checkpoint, model   exact resume; loading and predicting
+    data, distributed   a file on disk to a padded batch (read, normalise, split by premise,
+                        tokenise with a cache, length-grouped batches); ranks, devices, precision
+    storage             gs:// and local paths
     config              TrainConfig, the profiles, errors
 
 Beside the trainer: `vertex/` (Vertex AI jobs, the [vertex] extra; the trainer never imports it),

@@ -269,30 +269,6 @@ class CheckpointTimer:
         return self.seconds > 0 and self.clock() - self.since >= self.seconds
 
 
-def data_fingerprint(dataset) -> str:
-    """SHA-256 of the training split as the loop sees it (token ids, labels, order): a resume
-    refuses edited data or another split under the same --data path."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")[:]
-    digest = hashlib.sha256()
-    for name in sorted(table.column_names):
-        column = table.column(name).combine_chunks()
-        digest.update(name.encode())
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            parts = [pc.list_value_length(column), column.flatten()]
-        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            parts = [pa.array(["\x00".join(column.to_pylist())])]
-        else:
-            parts = [column]
-        for part in parts:
-            values = part.to_numpy(zero_copy_only=False)
-            digest.update(values.tobytes() if values.dtype != object
-                          else "\x00".join(map(str, values)).encode())
-    return digest.hexdigest()
-
-
 # -- the training loop's state --------------------------------------------------------------------
 def save_training(root: str, keep: int, step: int, model, optimizer, scheduler, scaler,
                   progress: dict, cfg: TrainConfig, info: DistInfo, device: torch.device,

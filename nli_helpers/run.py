@@ -23,10 +23,9 @@ import filelock
 from transformers import set_seed
 
 from . import storage
-from .batching import tokenize_splits
 from .checkpoint import checkpoint_root, latest_checkpoint
 from .config import NLIError, TrainConfig, batch_line
-from .data import load_nli_splits
+from .data import load_nli_splits, tokenize_splits
 from .distributed import (
     broadcast_from_main,
     check_accelerator,

@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
-from .batching import LengthGroupedBatchSampler, PaddedCollator
-from .checkpoint import CheckpointTimer, data_fingerprint, resume_training, save_training
+from .checkpoint import CheckpointTimer, resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig, batch_split
+from .data import LengthGroupedBatchSampler, PaddedCollator, content_hash
 
 # After a SIGTERM and a saved checkpoint, exit with a code Vertex AI retries: in a custom
 # container it restarts a job (up to three times) after 134 or 139 only, so every rank that
@@ -115,7 +115,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
     state = LoopState()
-    fingerprint = data_fingerprint(tokenized["train"]) if checkpoint_root else None
+    fingerprint = content_hash(tokenized["train"]) if checkpoint_root else None
     if resume_from:
         state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg,
                                             info, device, precision, fingerprint))

@@ -10,8 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
-from nli_helpers.batching import PaddedCollator, tokenize_splits
-from nli_helpers.data import load_nli_splits
+from nli_helpers.data import PaddedCollator, load_nli_splits, tokenize_splits
 from nli_helpers.model import minilm_path
 
 DROPPED = ["genre", "length"]  # what the loop never feeds the model

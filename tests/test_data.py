@@ -5,16 +5,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nli_helpers.batching import LengthGroupedBatchSampler, padding_stats, tokenize_splits
 from nli_helpers.data import (
     LABELS,
     DataError,
+    LengthGroupedBatchSampler,
     LoadReport,
     load_nli_splits,
     normalise_frame,
+    padding_stats,
+    read_table,
     split_by_premise,
+    tokenize_splits,
 )
-from nli_helpers.tables import read_table
 
 ROWS = [
     {"premise": f"premise number {i // 3} about {'cats dogs birds'.split()[i % 3]}",

@@ -73,8 +73,7 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
 # -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
 def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_model_dir):
     from nli_helpers import distributed, train
-    from nli_helpers.batching import tokenize_splits
-    from nli_helpers.data import load_nli_splits
+    from nli_helpers.data import load_nli_splits, tokenize_splits
     from nli_helpers.model import load_model_and_tokenizer
 
     monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16

@@ -28,9 +28,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nli_helpers.batching import tokenize_splits
 from nli_helpers.config import ConfigError, NLIError
-from nli_helpers.data import LABELS, DataError, load_nli_splits
+from nli_helpers.data import LABELS, DataError, load_nli_splits, tokenize_splits
 from nli_helpers.model import ModelError, load_model_and_tokenizer
 from nli_helpers.storage import StorageError
 from tests.helpers import ROOT, ROWS, run_fails, run_task, truncated, write_jsonl
@@ -248,7 +247,7 @@ def test_a_pair_of_huge_texts_does_not_exhaust_memory(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
         from datasets import Dataset, DatasetDict
         from transformers import AutoTokenizer
-        from nli_helpers.batching import tokenize_splits
+        from nli_helpers.data import tokenize_splits
         from nli_helpers.model import tiny_random_path
         tok = AutoTokenizer.from_pretrained(tiny_random_path())
         text = {LONG_TEXT!r}

@@ -140,7 +140,7 @@ def test_any_jsonl_loads_or_raises_the_projects_error(tmp_path, file):
 def tiny_tokenized(tiny_model_dir, sample_splits):
     from transformers import AutoTokenizer
 
-    from nli_helpers.batching import tokenize_splits
+    from nli_helpers.data import tokenize_splits
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     return tokenizer, tokenize_splits(sample_splits, tokenizer, 64, use_cache=False)["train"]
@@ -156,7 +156,7 @@ def test_any_batch_of_rows_collates_as_transformers_does(tiny_tokenized, rows, s
     import torch
     from transformers import DataCollatorWithPadding
 
-    from nli_helpers.batching import PaddedCollator
+    from nli_helpers.data import PaddedCollator
 
     tokenizer, split = tiny_tokenized
     tokenizer.padding_side = side

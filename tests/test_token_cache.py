@@ -11,8 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from nli_helpers.batching import PaddedCollator, cache_key, tokenize_splits
-from nli_helpers.checkpoint import data_fingerprint
+from nli_helpers.data import PaddedCollator, cache_key, content_hash, tokenize_splits
 from nli_helpers.model import minilm_path
 
 
@@ -50,11 +49,23 @@ def test_cached_splits_are_the_fresh_ones(sample_splits, tokenizer, tmp_path):
         assert cached[name].features == fresh[name].features
         assert cached[name].to_dict() == fresh[name].to_dict()
         # A resume compares this fingerprint: a cached run continues a fresh one.
-        assert data_fingerprint(cached[name]) == data_fingerprint(fresh[name])
+        assert content_hash(cached[name]) == content_hash(fresh[name])
         rows = list(range(0, len(fresh[name]), 3))
         ours = PaddedCollator(cached[name], tokenizer)(rows)
         theirs = PaddedCollator(fresh[name], tokenizer)(rows)
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_the_content_hash_sees_one_changed_label_and_the_order(sample_splits):
+    """The one hash behind the cache key and the resume's data fingerprint."""
+    train = sample_splits["train"]
+    key = content_hash(train)
+    assert content_hash(train.select(range(len(train)))) == key  # the same rows through an index map
+    assert content_hash(train.select([1, 0, *range(2, len(train))])) != key  # two rows swapped
+    labels = list(train["label"])
+    moved = train.remove_columns("label").add_column("label", labels)  # label now the last column
+    labels[5] = (labels[5] + 1) % 3
+    assert content_hash(moved.remove_columns("label").add_column("label", labels)) != content_hash(moved)
 
 
 def test_another_max_length_tokenizer_or_text_is_another_entry(sample_splits, tokenizer, tmp_path):
@@ -102,7 +113,7 @@ def test_a_damaged_entry_is_rebuilt(sample_splits, tokenizer, tmp_path, caplog, 
         data = path.read_bytes()
         damaged = {"truncated": data[: size // 2], "empty": b"", "garbage": b"\x00not arrow" * 99}
         path.write_bytes(damaged[damage])
-    with caplog.at_level(logging.WARNING, logger="nli_helpers.batching"):
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.data"):
         rebuilt = tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path)
     assert rebuilt.cache_hits == {"train": False} and rebuilt["train"].to_dict() == fresh
     [message] = [r.getMessage() for r in caplog.records]
@@ -136,6 +147,6 @@ def test_where_the_cache_lives(sample_splits, tokenizer, tmp_path, monkeypatch, 
     assert len(entries(tmp_path / "root" / "tokens")) == len(sample_splits)  # nothing written
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    with caplog.at_level(logging.WARNING, logger="nli_helpers.batching"):
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.data"):
         result = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=blocked)
     assert not any(result.cache_hits.values()) and "tokenising without it" in caplog.text
