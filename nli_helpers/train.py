@@ -6,7 +6,7 @@ AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, 
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
 checkpoints, and a SIGTERM that ends in one. Under torchrun the model is wrapped in DDP and
 `cfg.batch_size` is the global batch. Below the loop: the step, the loaders, the scores, the log.
-`run.run_training` loads what a config names, calls `train` and saves.
+`task.run_training` loads what a config names, calls `train` and saves.
 """
 
 from __future__ import annotations

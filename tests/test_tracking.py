@@ -12,7 +12,7 @@ import pytest
 
 from nli_helpers import storage, tracking
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.run import run_training
+from nli_helpers.task import run_training
 
 TRIAL_ID = "5"
 
