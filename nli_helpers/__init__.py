@@ -5,8 +5,8 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 
     task, launch        the commands a job runs: load, train, evaluate, save (local or gs://);
                         torchrun on a Vertex cluster
-    tracking            TensorBoard and the hypertune report (callbacks of the loop)
-    train               the loop, its step, evaluation, scores and log
+    train               the loop, its step, evaluation, scores and log; the TensorBoard and
+                        hypertune hooks
     checkpoint, model,  exact resume; loading and predicting; tokenising, the token cache and
     batching            length-grouped batches
     data, distributed   labels, sources, the premise split; ranks, devices and precision

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
+import logging
 import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,12 @@ if TYPE_CHECKING:
     from .train import TrainCallback, TrainResult
 
 ALIASES = {"bf16": ("precision", "bf16")}  # the old recipe's switch, kept as a shorthand
+# The environment of a Vertex AI (and AI Platform) tuning trial, and the TensorBoard Vertex reads.
+TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
+METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"
+TENSORBOARD_ENV = "AIP_TENSORBOARD_LOG_DIR"
+
+log = logging.getLogger(__name__)
 
 
 def whole_number(text: str) -> int:
@@ -118,7 +126,6 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`."""
     from .checkpoint import checkpoint_root
     from .distributed import check_accelerator, init_distributed, shutdown_distributed
-    from .tracking import default_callbacks
     from .train import quiet_library_bars, summary_line
 
     check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
@@ -288,6 +295,31 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
             if folder.is_dir() and {p.name for p in folder.iterdir()} <= {".nli-run.lock"}:
                 (folder / ".nli-run.lock").unlink(missing_ok=True)
                 folder.rmdir()
+
+
+
+# -- the hooks the command attaches ----------------------------------------------------------------
+def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCallback] = (),
+                      env: Mapping[str, str] | None = None) -> list[TrainCallback]:
+    """TensorBoard (when installed) into `$AIP_TENSORBOARD_LOG_DIR`, else `<job_dir>/tensorboard`;
+    the hypertune report in a tuning trial or when `cfg.hypertune_metric` asks. A kind already in
+    `given` is not added twice: a callback you pass replaces the default one."""
+    from .train import DEFAULT_HYPERTUNE_METRIC, HypertuneCallback, TensorBoardCallback
+
+    env = os.environ if env is None else env
+    out: list[TrainCallback] = []
+    if not any(isinstance(c, TensorBoardCallback) for c in given):
+        if importlib.util.find_spec("tensorboard") is not None:  # torch's writer needs it
+            log_dir = env.get(TENSORBOARD_ENV) or f"{str(job_dir).rstrip('/')}/tensorboard"
+            out.append(TensorBoardCallback(log_dir))
+        else:
+            log.warning("tensorboard is not installed: no TensorBoard logs "
+                        "(pip install tensorboard)")
+    metric = cfg.hypertune_metric  # else the legacy AI Platform tag, else the default
+    if ((metric or env.get(TRIAL_ID_ENV))
+            and not any(isinstance(c, HypertuneCallback) for c in given)):
+        out.append(HypertuneCallback(metric or env.get(METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC))
+    return out
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ import tomllib
 from tests.helpers import ROOT
 
 MAX_MODULE_LINES = 400
-# The loop, its step, evaluation, scores and log in one file, read top to bottom (litgpt's
-# finetune/full.py, the anchor, is 458 lines).
-MAX_LINES = {"nli_helpers/train.py": 510}
+# The loop, its step, evaluation, scores, log and the log's hooks (TensorBoard, the hypertune report) in
+# one file, read top to bottom (litgpt's finetune/full.py, the anchor, is 458 lines without hooks).
+MAX_LINES = {"nli_helpers/train.py": 610}
 PACKAGES = ("nli_helpers", "localcloud")
 
 
@@ -73,13 +73,14 @@ def test_every_package_module_is_placed_in_a_layer():
     assert placed - modules == set(), f"these rows name modules that do not exist: {placed - modules}"
 
 
-def test_the_loop_imports_at_most_four_siblings():
-    """train.py reads in one sitting: what it needs from the package comes from four modules at most."""
+def test_the_loop_imports_at_most_five_siblings():
+    """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
+    distributed, the batches, checkpoint, and storage for a gs:// TensorBoard log dir)."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.level == 1 and node.module is None for alias in node.names}
-    assert len(siblings - {None}) <= 4, f"train.py imports {sorted(siblings - {None})}"
+    assert len(siblings - {None}) <= 5, f"train.py imports {sorted(siblings - {None})}"
 
 
 def test_the_package_version_is_the_one_pyproject_gives():
