@@ -81,3 +81,16 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0: keep every point
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def run_without_credentials(tmp_path: Path, script: str):
+    """Run `python -c script` in a fresh process with no emulator, no ADC file and no GCE metadata server to ask."""
+    import subprocess
+
+    hidden = {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+               NO_GCE_CHECK="true",  # google.auth compares with the lowercase string
+               GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
