@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,11 +39,9 @@ __all__ = ["FakeVertex", "GcsEmulator", "LocalCloud", "TRAINER_IMAGE", "environm
 @contextlib.contextmanager
 def environment(values: dict[str, str]) -> Iterator[None]:
     """Set these variables (and drop the cached storage client that read the old ones); restore them after."""
-    from nli_helpers.storage import get_client
-
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
-    get_client.cache_clear()
+    _forget_storage_client()
     try:
         yield
     finally:
@@ -51,7 +50,15 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        get_client.cache_clear()
+        _forget_storage_client()
+
+
+def _forget_storage_client() -> None:
+    # vertex.preflight caches a google-cloud-storage client; if nothing imported it there is nothing to forget
+    # (importing it would load the Vertex AI SDK into every Cloud Storage test).
+    preflight = sys.modules.get("nli_helpers.vertex.preflight")
+    if preflight is not None:
+        preflight.get_client.cache_clear()
 
 
 class LocalCloud:

@@ -3,9 +3,8 @@
 The modules, in layers (a module imports only those below it; `make lint` checks it, pyproject.toml
 [tool.importlinter]):
 
-    task, launch        the commands a job runs: train + evaluate; torchrun on a Vertex cluster
-    run                 one training run: load what a config names, train, save (local or gs://)
-    tracking            TensorBoard and the hypertune report (callbacks of the loop)
+    task, launch        the commands a job runs: load, train, evaluate, save (local or gs://),
+                        with the TensorBoard and hypertune hooks; torchrun on a Vertex cluster
     train               the loop, its step, evaluation, scores and log
     checkpoint, model   exact resume; loading and predicting
     data, distributed   a file on disk to a padded batch (read, normalise, split by premise,
@@ -29,7 +28,7 @@ __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config
 def __getattr__(name: str):
     # Lazy, so `import nli_helpers` (and `--help`) stays fast.
     if name == "run_training":
-        from .run import run_training
+        from .task import run_training
 
         return run_training
     if name == "predict":

@@ -15,7 +15,6 @@ otherwise they use Application Default Credentials (gcloud login, or the job's s
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import shutil
@@ -27,9 +26,7 @@ from aiohttp import ClientError
 from fsspec.callbacks import TqdmCallback
 from gcsfs.core import GCSFileSystem
 from gcsfs.retry import ChecksumError, HttpError
-from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-from google.cloud import storage
 from requests.exceptions import RequestException
 from tqdm.auto import tqdm
 
@@ -93,26 +90,6 @@ def filesystem() -> GCSFileSystem:
         raise StorageError(CREDENTIALS_HELP) from err
 
 
-def get_client() -> storage.Client:
-    """A google-cloud-storage client for bucket metadata (vertex.preflight reads a bucket's
-    location). `get_client.cache_clear()` forgets it (localcloud does for a new emulator)."""
-    return _client(os.environ.get("STORAGE_EMULATOR_HOST") or None)
-
-
-@functools.lru_cache(maxsize=4)
-def _client(emulator_host: str | None) -> storage.Client:
-    if emulator_host:  # the client reads STORAGE_EMULATOR_HOST itself
-        project = os.environ.get("GOOGLE_CLOUD_PROJECT", "local-test")
-        return storage.Client(project=project, credentials=AnonymousCredentials())
-    try:
-        return storage.Client()
-    except DefaultCredentialsError as err:
-        raise StorageError(CREDENTIALS_HELP) from err
-
-
-get_client.cache_clear = _client.cache_clear  # type: ignore[attr-defined]
-
-
 def exists(uri: str) -> bool:
     """True if `uri` is an object, a "directory" with an object under it, or an existing bucket."""
     bucket, path = split_gcs_uri(uri)
@@ -163,11 +140,8 @@ def upload(local_path: str | os.PathLike[str], uri: str) -> list[str]:
 
 
 def download(uri: str, local_path: str | os.PathLike[str]) -> Path:
-    """Copy an object to a file, or a "directory" recursively into a local directory.
-
-    An object lands at `local_path` (inside it, when that is an existing directory); a directory's
-    objects land under `local_path` at their paths relative to `uri`. Returns where it landed.
-    """
+    """Copy an object to `local_path` (inside it, when that is a directory), or a "directory"'s
+    objects under `local_path` at their paths relative to `uri`. Returns where it landed."""
     bucket, path = split_gcs_uri(uri)
     target, key = Path(local_path), f"{bucket}/{path}"
     with _errors(bucket, READ_ROLE, f"download of {uri}"):
@@ -184,9 +158,7 @@ def download(uri: str, local_path: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def local_copy(
-    source: str | os.PathLike[str], *, suffix: str = "", staging: str | None = None
-) -> Iterator[Path]:
+def local_copy(source: str | os.PathLike[str], *, staging: str | None = None) -> Iterator[Path]:
     """A local path for `source`: the path itself; for a gs:// object or "directory", its /gcs/
     path where Vertex AI mounts it, else a download into a temporary folder (under `staging`, e.g.
     /dev/shm) removed when the block ends. The one place a gs:// input becomes a local file."""
@@ -199,19 +171,18 @@ def local_copy(
         return
     with tempfile.TemporaryDirectory(prefix="nli-gcs-", dir=staging) as tmp:
         name = path.rstrip("/").rsplit("/", 1)[-1] or "object"
-        yield download(str(source), Path(tmp) / f"{name}{suffix}")
+        yield download(str(source), Path(tmp) / name)
 
 
 @contextlib.contextmanager
-def staged_output(target: str | os.PathLike[str], *, staging: str | None = None) -> Iterator[Path]:
+def staged_output(target: str | os.PathLike[str]) -> Iterator[Path]:
     """A local folder to write `target`'s files into: `target` itself, or, for a gs:// target, a
-    temporary folder uploaded to it when the block ends without an error, then removed. The one
-    place a gs:// output is written from: runs, checkpoints, predictions and TensorBoard logs."""
+    temporary folder uploaded to it when the block ends without an error, then removed."""
     if not is_gcs_uri(target):
         Path(target).mkdir(parents=True, exist_ok=True)
         yield Path(target)
         return
-    with tempfile.TemporaryDirectory(prefix="nli-gcs-", dir=staging) as tmp:
+    with tempfile.TemporaryDirectory(prefix="nli-gcs-") as tmp:
         yield Path(tmp)
         upload(tmp, str(target))
 

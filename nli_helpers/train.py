@@ -5,8 +5,8 @@
 AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
 checkpoints, and a SIGTERM that ends in one. Under torchrun the model is wrapped in DDP and
-`cfg.batch_size` is the global batch. Below the loop: the step, the loaders, the scores, the log.
-`run.run_training` loads what a config names, calls `train` and saves.
+`cfg.batch_size` is the global batch. Below the loop: the step, the loaders, the scores, the log
+and its hooks (TensorBoard, the hypertune report). `task.run_training` loads, calls `train`, saves.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -53,8 +55,8 @@ class Preempted(NLIError):
 
 
 class TrainCallback:
-    """Observers of a run (TensorBoard, the hypertune report: `tracking`), called on the main
-    process with plain Python values. Override the hooks you need."""
+    """Observers of a run (the TensorBoard and hypertune hooks below), called on the main process
+    with plain Python values. Override the hooks you need."""
 
     def on_log(self, rows: list[dict]) -> None:
         """Rows per step since the last log: step, epoch, loss, lr (the last: examples_per_s)."""
@@ -459,6 +461,104 @@ def progress_line(rows: list[dict], total_steps: int) -> str:
     return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {loss:.4f} "
             f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s "
             f"{last.get('tokens_per_s', 0):.0f} tokens/s")
+
+
+# -- the hooks: TensorBoard scalars and the metric a Vertex AI tuning trial reports ----------------
+TUNABLE_SCORES = ("accuracy", "macro_f1")  # per-split scores (classification_scores) to tune on
+DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
+
+
+class TensorBoardCallback(TrainCallback):
+    """Scalars: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
+    Nothing is created before the first log, so a run that fails early leaves no empty log dir. A
+    gs:// log dir is written locally and handed to `upload(local_dir, uri)` at each evaluation
+    (`nli_helpers.storage.upload`, which `task.default_callbacks` passes): the loop itself never
+    talks to Cloud Storage."""
+
+    def __init__(self, log_dir: str | Path, upload: Callable[[str, str], object] | None = None):
+        self.log_dir, self.upload = str(log_dir), upload
+        self.remote = self.log_dir.startswith("gs://")
+        if self.remote and upload is None:
+            raise ConfigError(f"TensorBoardCallback({self.log_dir!r}) needs upload= for a gs:// "
+                              "log dir: pass upload=nli_helpers.storage.upload, or a local dir")
+        self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir's local copy
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            if self.remote:
+                self.staging = tempfile.TemporaryDirectory(prefix="nli-tensorboard-")
+            self._writer = SummaryWriter(self.staging.name if self.remote else self.log_dir,
+                                         flush_secs=30)
+        return self._writer
+
+    def on_log(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.writer.add_scalar("train/loss", row["loss"], row["step"])
+            self.writer.add_scalar("train/learning_rate", row["lr"], row["step"])
+            for key in ("examples_per_s", "tokens_per_s"):
+                if key in row:
+                    self.writer.add_scalar(f"throughput/{key}", row[key], row["step"])
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        for split, s in scores.items():
+            for key in TUNABLE_SCORES:
+                self.writer.add_scalar(f"{split}/{key}", s[key], step)
+        self.sync()
+
+    def on_train_end(self, metrics: dict) -> None:
+        self.sync()
+        if self._writer is not None:
+            self._writer.close()
+        if self.staging is not None:
+            self.staging.cleanup()
+
+    def sync(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.flush()
+        if self.remote:
+            self.upload(self.staging.name, self.log_dir)
+
+
+def parse_hypertune_metric(metric: str) -> tuple[str, str]:
+    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"). A test split is refused:
+    a score it chose hyperparameters on would no longer estimate new data."""
+    score = next((s for s in TUNABLE_SCORES if metric.endswith("_" + s)), None)
+    if score is None:
+        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one "
+                          f"of {', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
+    split = metric[: -len(score) - 1]
+    if not split.startswith("validation"):
+        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning "
+                          "must choose on a validation split (validation_matched or "
+                          "validation_mismatched), never on a test split, whose score would then "
+                          "no longer estimate new data")
+    return split, score
+
+
+class HypertuneCallback(TrainCallback):
+    """After every evaluation, report one validation metric through Google's `cloudml-hypertune`,
+    which writes it to $CLOUD_ML_HP_METRIC_FILE for Vertex AI tuning to read."""
+
+    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
+        import hypertune
+
+        self.metric = metric
+        self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
+        self.reporter = hypertune.HyperTune()
+        self.path = Path(self.reporter.metric_path)
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        if self.split not in scores:
+            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but "
+                              f"this run evaluates only {', '.join(scores)}; pick one of those")
+        self.reporter.report_hyperparameter_tuning_metric(
+            hyperparameter_metric_tag=self.metric, metric_value=scores[self.split][self.score],
+            global_step=step)
 
 
 # -- SIGTERM: finish the step, checkpoint, exit with a code Vertex AI retries ----------------------

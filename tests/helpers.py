@@ -60,3 +60,37 @@ def run_fails(job: Path, message: str, *args: str, env: dict | None = None):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert_no_result(job)
     return proc
+
+
+def read_metric_file(path: str | Path, metric: str | None = None) -> list[dict]:
+    """The reports in a cloudml-hypertune metric file, oldest first: [{"metric", "value", "step", "trial", ...}]."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        entry = json.loads(line)
+        tags = [k for k in entry if k not in ("timestamp", "trial", "global_step", "checkpoint_path")]
+        for tag in tags if metric is None else [t for t in tags if t == metric]:
+            rows.append({"metric": tag, "value": float(entry[tag]), "step": int(entry["global_step"]),
+                         "trial": entry["trial"], "timestamp": entry["timestamp"]})
+    return rows
+
+
+def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of a local TensorBoard log dir, read with TensorBoard's own reader: {tag: [(step, value)]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0: keep every point
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def run_without_credentials(tmp_path: Path, script: str):
+    """Run `python -c script` in a fresh process with no emulator, no ADC file and no GCE metadata server to ask."""
+    import subprocess
+
+    hidden = {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+               NO_GCE_CHECK="true",  # google.auth compares with the lowercase string
+               GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)

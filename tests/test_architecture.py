@@ -18,9 +18,9 @@ from tests.helpers import ROOT
 
 MAX_MODULE_LINES = 400
 MAX_LINES = {
-    # The loop, its step, evaluation, scores and log in one file, read top to bottom (litgpt's
-    # finetune/full.py, the anchor, is 458 lines).
-    "nli_helpers/train.py": 510,
+    # The loop, its step, evaluation, scores, log and the log's hooks (TensorBoard, the hypertune
+    # report) in one file, read top to bottom (litgpt's finetune/full.py is 458 lines without hooks).
+    "nli_helpers/train.py": 610,
     # The data path in one file, from a file on disk to a padded batch, as issue #21's layout asks.
     "nli_helpers/data.py": 715,
 }
@@ -78,7 +78,8 @@ def test_every_package_module_is_placed_in_a_layer():
 
 
 def test_the_loop_imports_at_most_four_siblings():
-    """train.py reads in one sitting: what it needs from the package comes from four modules at most."""
+    """train.py reads in one sitting: what it needs from the package comes from four modules at most (config,
+    distributed, data, checkpoint). Cloud Storage reaches its TensorBoard hook as an `upload` argument."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)

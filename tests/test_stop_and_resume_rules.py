@@ -13,7 +13,7 @@ import pytest
 
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
-from nli_helpers.run import run_training
+from nli_helpers.task import run_training
 from nli_helpers.train import Preempted, StoppedWithoutCheckpoint, TrainCallback
 
 

@@ -20,6 +20,22 @@ def test_help_lists_every_field_with_its_help():
         assert f"--{name.replace('_', '-')}" in proc.stdout
 
 
+def test_help_answers_before_torch_or_transformers_load():
+    """The heavy libraries load after the arguments pass: `--help` and a bad flag answer at once."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    script = ("import sys\nfrom nli_helpers import task\n"
+              "for argv in (['--help'], ['--epochs', 'x']):\n"
+              "    try:\n        task.main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in ('torch', 'transformers', 'gcsfs') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout[-500:]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--learning_rate", "0"], "learning_rate=0.0 must be > 0"),
     (["--batch_size", "0"], "batch_size=0 must be a positive integer"),

@@ -1,4 +1,5 @@
-"""TensorBoard scalars and the hypertune report, from a real (tiny) training run.
+"""The hooks: TensorBoard scalars and the hypertune report (nli_helpers.train), and the ones the command attaches
+(task.default_callbacks), from a real (tiny) training run.
 
 The event files are read back with TensorBoard's own EventAccumulator; the hypertune file is compared with
 what the `cloudml-hypertune` package itself writes.
@@ -10,9 +11,11 @@ import json
 
 import pytest
 
-from nli_helpers import storage, tracking
+from nli_helpers import storage
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.run import run_training
+from nli_helpers.task import default_callbacks, run_training
+from nli_helpers.train import HypertuneCallback, TensorBoardCallback
+from tests.helpers import read_metric_file, read_scalars
 
 TRIAL_ID = "5"
 
@@ -42,13 +45,13 @@ def test_a_trial_reports_the_metric_after_every_evaluation(trial_run):
         assert set(line) == {"timestamp", "trial", "global_step", "checkpoint_path", "validation_matched_accuracy"}
         assert line["trial"] == TRIAL_ID and line["global_step"] == str(ev["step"])
         assert float(line["validation_matched_accuracy"]) == ev["validation_matched"]["accuracy"]
-    assert [r["value"] for r in tracking.read_metric_file(metric_file, "validation_matched_accuracy")] == \
+    assert [r["value"] for r in read_metric_file(metric_file, "validation_matched_accuracy")] == \
         [e["validation_matched"]["accuracy"] for e in evals]
 
 
 def test_tensorboard_events_hold_every_scalar(trial_run):
     result, _, job = trial_run
-    scalars = tracking.read_scalars(job / "tensorboard")
+    scalars = read_scalars(job / "tensorboard")
     steps = [row["step"] for row in result.history]
     assert [s for s, _ in scalars["train/loss"]] == steps
     assert [v for _, v in scalars["train/loss"]] == pytest.approx([row["loss"] for row in result.history], rel=1e-5)
@@ -64,7 +67,9 @@ def test_tensorboard_events_hold_every_scalar(trial_run):
 
 def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
     log_dir = f"gs://{gcs_bucket}/jobs/1/logs/"  # as Vertex AI sets AIP_TENSORBOARD_LOG_DIR
-    cb = tracking.TensorBoardCallback(log_dir)
+    with pytest.raises(ConfigError, match="needs upload= for a gs:// log dir"):
+        TensorBoardCallback(log_dir)  # the loop never imports Cloud Storage itself
+    cb = TensorBoardCallback(log_dir, upload=storage.upload)
     cb.on_log([{"step": 1, "loss": 1.1, "lr": 1e-4}, {"step": 2, "loss": 0.9, "lr": 2e-4, "examples_per_s": 50.0,
                                                         "tokens_per_s": 900.0}])
     assert storage.list_uris(log_dir.rstrip("/")) == []  # nothing uploaded before an evaluation
@@ -74,7 +79,7 @@ def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
     cb.on_log([{"step": 3, "loss": 0.7, "lr": 1e-4}])
     cb.on_train_end({})
     storage.download(log_dir.rstrip("/"), tmp_path / "logs")
-    scalars = tracking.read_scalars(tmp_path / "logs")
+    scalars = read_scalars(tmp_path / "logs")
     assert scalars["train/loss"] == [(1, pytest.approx(1.1)), (2, pytest.approx(0.9)), (3, pytest.approx(0.7))]
     assert scalars["validation_matched/accuracy"] == [(2, 0.5)]
     assert scalars["throughput/examples_per_s"] == [(2, 50.0)]
@@ -82,8 +87,8 @@ def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
 
 def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
     cfg = make_config("smoke")
-    local = tracking.default_callbacks(cfg, str(tmp_path / "job"), env={})
-    assert [type(c) for c in local] == [tracking.TensorBoardCallback]
+    local = default_callbacks(cfg, str(tmp_path / "job"), env={})
+    assert [type(c) for c in local] == [TensorBoardCallback]
     assert local[0].log_dir == str(tmp_path / "job" / "tensorboard")
     assert not (tmp_path / "job").exists()  # nothing is created before the first log
 
@@ -91,13 +96,13 @@ def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
            "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}
     for name, value in env.items():  # a trial's environment, which cloudml-hypertune reads
         monkeypatch.setenv(name, value)
-    board, report = tracking.default_callbacks(cfg, "gs://b/hp/2/model/")
+    board, report = default_callbacks(cfg, "gs://b/hp/2/model/")
     assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
     assert report.metric == "validation_mismatched_accuracy" and report.reporter.trial_id == "2"
     assert report.path == tmp_path / "m"
 
     asked = make_config("smoke", hypertune_metric="validation_matched_macro_f1")
-    (report,) = tracking.default_callbacks(asked, "job", given=[board])  # no second TensorBoard
+    (report,) = default_callbacks(asked, "job", given=[board])  # no second TensorBoard
     assert (report.split, report.score) == ("validation_matched", "macro_f1")  # the config wins over the tag
 
 
@@ -108,11 +113,11 @@ def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
 ])
 def test_a_metric_not_on_a_validation_split_is_refused(metric, message):
     with pytest.raises(ConfigError, match=message):
-        tracking.HypertuneCallback(metric)
+        HypertuneCallback(metric)
 
 
 def test_a_missing_split_names_the_splits_there_are(tmp_path, monkeypatch):
     monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(tmp_path / "m"))
-    cb = tracking.HypertuneCallback("validation_mismatched_accuracy")
+    cb = HypertuneCallback("validation_mismatched_accuracy")
     with pytest.raises(ConfigError, match="evaluates only validation_matched"):
         cb.on_evaluate(4, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.5}})

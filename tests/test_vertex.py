@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as gcs
 from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
 
 import nli_helpers
@@ -21,6 +23,8 @@ from nli_helpers import storage, vertex
 from nli_helpers.config import make_config
 from nli_helpers.task import config_from_args
 from nli_helpers.vertex import Machine, pricing
+from nli_helpers.vertex.preflight import get_client
+from tests.helpers import run_without_credentials
 
 # Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
 # test_packaging, as is the trainer image's stand-in under them).
@@ -262,6 +266,34 @@ def test_preflight_refuses_the_newest_prebuilt_image_before_anything_is_created(
                               executor_image_uri=IMAGE_2_4, verbose=False, raise_on_failure=False)
     assert next(c for c in checks if c.name == "package").status == "ok"
     assert fake_vertex.created_bodies == []
+
+
+def test_the_bucket_client_is_cached_per_emulator(gcs_emulator, monkeypatch):
+    client = get_client()
+    assert isinstance(client, gcs.Client)
+    assert get_client() is client
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # another emulator
+    assert get_client() is not client
+    monkeypatch.undo()
+    get_client.cache_clear()
+    assert get_client() is not client
+
+
+def test_the_bucket_client_without_credentials_says_how_to_log_in(tmp_path):
+    script = textwrap.dedent("""
+        from nli_helpers.storage import StorageError
+        from nli_helpers.vertex.preflight import get_client
+        try:
+            get_client()
+        except StorageError as err:
+            print(err)
+        else:
+            raise SystemExit("expected StorageError")
+    """)
+    result = run_without_credentials(tmp_path, script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("gcloud auth application-default login") == 1
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in result.stdout
 
 
 def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):

@@ -9,12 +9,16 @@ something to read, not a stop.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.api_core import exceptions as api_exceptions
-from google.auth.exceptions import GoogleAuthError
+from google.auth.credentials import AnonymousCredentials
+from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
+from google.cloud import storage as gcs
 
 from nli_helpers import storage
 from nli_helpers.config import ConfigError, NLIError, TrainConfig, batch_line
@@ -93,10 +97,30 @@ def bucket_location_check(location: str, region: str) -> Check:
     return Check(name, "fail", f"the bucket is in {loc} but the job runs in {region}: {create}")
 
 
+def get_client() -> gcs.Client:
+    """A google-cloud-storage client, for the bucket metadata gcsfs does not give (its location).
+    Cached per emulator host; `get_client.cache_clear()` forgets it (localcloud does)."""
+    return _client(os.environ.get("STORAGE_EMULATOR_HOST") or None)
+
+
+@functools.lru_cache(maxsize=4)
+def _client(emulator_host: str | None) -> gcs.Client:
+    if emulator_host:  # the client reads STORAGE_EMULATOR_HOST itself
+        project = os.environ.get("GOOGLE_CLOUD_PROJECT", "local-test")
+        return gcs.Client(project=project, credentials=AnonymousCredentials())
+    try:
+        return gcs.Client()
+    except DefaultCredentialsError as err:
+        raise storage.StorageError(storage.CREDENTIALS_HELP) from err
+
+
+get_client.cache_clear = _client.cache_clear  # type: ignore[attr-defined]
+
+
 def _check_bucket(staging_bucket: str, region: str) -> Check:
     bucket_name, _ = storage.split_gcs_uri(staging_bucket)
     try:
-        bucket = storage.get_client().lookup_bucket(bucket_name)
+        bucket = get_client().lookup_bucket(bucket_name)
     except (NLIError, api_exceptions.GoogleAPIError, GoogleAuthError) as err:
         return Check("staging bucket", "fail", f"cannot read gs://{bucket_name}: {err}")
     if bucket is None:
