@@ -22,15 +22,11 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from aiohttp import ClientError
-from fsspec.callbacks import TqdmCallback
-from gcsfs.core import GCSFileSystem
-from gcsfs.retry import ChecksumError, HttpError
-from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-from requests.exceptions import RequestException
 from tqdm.auto import tqdm
 
 from nli_helpers.config import NLIError
+
+# gcsfs and the Google client libraries load on the first gs:// call: a local run never needs them.
 
 GCS_SCHEME = "gs://"
 READ_ROLE = "roles/storage.objectViewer"
@@ -43,7 +39,6 @@ BLOCK = 32 << 20  # bytes an upload sends per request
 # gcsfs retries each request on connection errors, 408, 429 and 500-504 (gcsfs/retry.py,
 # retry_request: 6 tries, waiting 1, 2, 4, 8, 16 s plus up to 1 s each): about 31 s in all.
 RETRY_S = 31
-_UNREACHABLE = (ClientError, RequestException, TransportError, TimeoutError)
 CREDENTIALS_HELP = (
     "no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
     "Workbench notebook the VM's service account is used), or set GOOGLE_APPLICATION_CREDENTIALS "
@@ -75,8 +70,11 @@ def split_gcs_uri(uri: str) -> tuple[str, str]:
     return bucket, path
 
 
-def filesystem() -> GCSFileSystem:
+def filesystem():
     """gcsfs for the emulator (anonymous) or Cloud Storage (ADC); fsspec caches the instance."""
+    from gcsfs.core import GCSFileSystem
+    from google.auth.exceptions import DefaultCredentialsError
+
     host = os.environ.get("STORAGE_EMULATOR_HOST") or None
     try:
         # gcsfs.core's class, not the one gcsfs/__init__.py exports by default: that one asks the
@@ -208,6 +206,8 @@ def _get_atomically(targets: dict[str, Path], objects: dict[str, dict]) -> None:
         check = "md5" if all(objects[name].get("md5Hash") for name in targets) else "none"
         # One request per file: gcsfs's concurrent path (files over 100 MB) wraps its retried
         # requests in a second retry loop, six tries of six.
+        from fsspec.callbacks import TqdmCallback
+
         with TqdmCallback(tqdm_kwargs=_bar(targets, "download"), tqdm_cls=tqdm) as bar:
             remote, local = list(targets), list(parts.values())
             filesystem().get(remote, local, callback=bar, consistency=check, concurrency=1)
@@ -246,6 +246,12 @@ def _errors(bucket: str, role: str, doing: str) -> Iterator[None]:
 def _explain(err: Exception, bucket: str, role: str, doing: str) -> str | None:
     # gcsfs/retry.py, validate_response: 404 is FileNotFoundError, 403 OSError("Forbidden: ..."),
     # 400 "invalid" ValueError("Bad Request: ..."), 401 HttpError; the rest after its retries.
+    from aiohttp import ClientError
+    from gcsfs.retry import ChecksumError, HttpError
+    from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
+    from requests.exceptions import RequestException
+
+    unreachable = (HttpError, ClientError, RequestException, TransportError, TimeoutError)
     text = str(err)
     if isinstance(err, FileNotFoundError) and _bucket_missing(bucket):
         return (
@@ -258,7 +264,7 @@ def _explain(err: Exception, bucket: str, role: str, doing: str) -> str | None:
         return f"{doing} is corrupt: the bytes differ from Cloud Storage's checksum; try again"
     if isinstance(err, (DefaultCredentialsError, RefreshError)) or getattr(err, "code", 0) == 401:
         return f"{CREDENTIALS_HELP} ({text})"
-    if isinstance(err, (HttpError, *_UNREACHABLE)):
+    if isinstance(err, unreachable):
         endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
         return (
             f"cannot reach Cloud Storage at {endpoint} for gs://{bucket} (retried about "
