@@ -80,9 +80,10 @@ browser:
 # Unit, integration and CLI tests, then every notebook under nbval (outputs stripped; asserts check).
 # One pytest-xdist worker per core (WORKERS=0: no workers, one process); --dist loadfile keeps each file, and so each
 # notebook's cells, in one worker, in order. conftest.py gives each worker its share of the cores.
+# --no-loadscope-reorder keeps conftest.py's order (the slow files first), so both workers finish together.
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 WORKERS ?= auto
-XDIST := -n $(WORKERS) --dist loadfile
+XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) browser
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 

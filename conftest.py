@@ -11,3 +11,18 @@ import os
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))  # before anything imports torch
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first: files with a `slow` test, then the notebooks, then the rest.
+
+    pytest-xdist hands each worker one file at a time (`--dist loadfile`); `make test` keeps this order
+    (`--no-loadscope-reorder`, where xdist would put files with few tests, the slow ones among them, last).
+    A two-minute file started last keeps one worker busy while the other has nothing left to do.
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        return 0 if item.path in slow_files else 1 if item.path.suffix == ".ipynb" else 2
+
+    items.sort(key=rank)  # stable: the order within each file, and of files within a rank, is kept
