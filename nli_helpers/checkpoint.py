@@ -232,24 +232,19 @@ def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     from . import storage
 
     with storage.local_copy(path, staging=staging_dir()) as local:
-        return _load_local(str(local), model, shown=path)
-
-
-def _load_local(path: str, model: torch.nn.Module, *, shown: str) -> dict:
-    directory = Path(path)
-    path = shown
-    if not (directory / MANIFEST).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass --resume "
-                              "auto to pick the newest complete one")
-    try:
-        load_model(model, str(directory / WEIGHTS))
-        return torch.load(directory / STATE, map_location="cpu", weights_only=True)
-    except (SafetensorError, pickle.UnpicklingError, EOFError) as e:
-        raise CheckpointError(f"checkpoint {path} is damaged ({e}); delete it, and --resume auto "
-                              "takes the newest intact one") from e
-    except (OSError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not match "
-                              "this model") from e
+        directory = Path(local)
+        if not (directory / MANIFEST).is_file():
+            raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass "
+                                  "--resume auto to pick the newest complete one")
+        try:
+            load_model(model, str(directory / WEIGHTS))
+            return torch.load(directory / STATE, map_location="cpu", weights_only=True)
+        except (SafetensorError, pickle.UnpicklingError, EOFError) as e:
+            raise CheckpointError(f"checkpoint {path} is damaged ({e}); delete it, and --resume "
+                                  "auto takes the newest intact one") from e
+        except (OSError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path} could not be loaded ({e}); it does not "
+                                  "match this model") from e
 
 
 class CheckpointTimer:
@@ -298,8 +293,8 @@ def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainCo
 
 def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str,
                     fingerprint: str | None = None) -> None:
-    """Refuse a resume that would silently train another run: changed settings, training data,
-    process count or precision."""
+    """Refuse a resume that would silently train another run: changed settings, data, process
+    count or precision."""
     saved = state["config"]
     changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL
                if k in saved and saved.get(k) != getattr(cfg, k)]
@@ -334,7 +329,6 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
     if isinstance(cuda, list):  # the older format: every visible GPU's state
-        cuda = (cuda[device.index or 0]
-                if device.type == "cuda" and len(cuda) > (device.index or 0) else None)
+        cuda = cuda[device.index or 0] if len(cuda) > (device.index or 0) else None
     if cuda is not None and device.type == "cuda":
         torch.cuda.set_rng_state(cuda, device)

@@ -35,15 +35,14 @@ PROFILES = ("smoke", "full")
 LABELS = ("entailment", "neutral", "contradiction")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
-# Defaults that depend on the profile; every other field keeps its field default.
+# What each profile changes; every other field keeps its field default.
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # Offline MiniLM, suited to the hand-written fixture (data="sample", 231 training pairs):
-    # several short epochs at a high learning rate.
+    # The hand-written fixture (data="sample", 231 pairs) needs several short epochs at a high lr.
     "smoke": {"model_name": "minilm-l6", "data": "sample", "epochs": 6, "batch_size": 16,
               "learning_rate": 2e-4, "warmup_ratio": 0.1, "weight_decay": 0.01},
     # Smoke on real pairs (the bundled mnli-subset, or $NLI_REAL_DATA): one epoch.
     "smoke_real_data": {"epochs": 1, "batch_size": 32, "learning_rate": 1e-4},
-    # The reference recipe: RoBERTa-base on MultiNLI (RoBERTa paper: 87.6 matched dev).
+    # The reference recipe: RoBERTa-base on MultiNLI.
     "full": {"model_name": "roberta-base", "data": "nyu-mll/multi_nli", "epochs": 2,
              "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1},
 }
@@ -232,8 +231,8 @@ def batch_line(cfg: TrainConfig, world_size: int) -> str:
     return line
 
 
-# What each profile costs, in one place: every notebook prints it before it trains and the README
-# quotes it (where the figures come from: benchmarks/README.md).
+# What each profile costs: printed before every notebook trains, quoted by the README (sources:
+# benchmarks/README.md).
 RECIPE_CARDS = {
     "smoke": "smoke: all-MiniLM-L6-v2 (22M parameters, offline) fine-tuned one epoch on 2,994 real "
              "MultiNLI pairs shipped with the package (or $NLI_REAL_DATA): 2-4 minutes on 2 idle "
@@ -270,12 +269,9 @@ def check_profile(profile: str) -> str:
 
 def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int | None = None,
                 **overrides: Any) -> TrainConfig:
-    """Build a TrainConfig: field defaults, then the profile's defaults, then `overrides`.
-
-    `verbose` prints the recipe card first. On `smoke`, the data defaults to $NLI_REAL_DATA, else
-    mnli-subset; `smoke_cap` caps the training pairs and the pairs per validation split that
-    `overrides` leave unset (other profiles ignore it).
-    """
+    """Field defaults, then the profile's, then the `overrides` that are not None. `verbose` prints
+    the recipe card first. On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset, and
+    `smoke_cap` caps the training and per-validation-split pairs that `overrides` leave unset."""
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
         raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; known fields: "
@@ -289,7 +285,7 @@ def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int
         values["data"] = given.get("data") or os.environ.get("NLI_REAL_DATA") or "mnli-subset"
         if values["data"] != "sample":
             values.update(PROFILE_DEFAULTS["smoke_real_data"])
-    if name == "smoke" and smoke_cap is not None:
-        values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap)
+        if smoke_cap is not None:
+            values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap)
     values.update(given, profile=name)
     return TrainConfig(**values)

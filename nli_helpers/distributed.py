@@ -5,9 +5,8 @@ device trains in, and whether the GPU a run needs is usable.
     >>> device = device_for(info)
     >>> precision = resolve_precision("auto", device)   # bf16, fp16 or fp32
 
-Without torchrun's RANK and LOCAL_RANK, `init_distributed` returns a single-process `DistInfo`
-and touches nothing. On Vertex AI those variables count nodes, not processes, so a
-container must not call `init_process_group` itself: `python -m nli_helpers.launch` starts torchrun.
+Without torchrun's RANK and LOCAL_RANK, `init_distributed` returns a single-process `DistInfo`.
+On Vertex AI, RANK and WORLD_SIZE count nodes, not processes: `nli_helpers.launch` runs torchrun.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .config import ConfigError, NLIError, TrainConfig
 
 
 class DistributedError(NLIError):
-    """The distributed environment is inconsistent (e.g. a malformed CLUSTER_SPEC)."""
+    """Rank 0 failed, so another rank stops too, with rank 0's message."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +86,9 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def agree_after_step(stop: bool, main_says: bool, info: DistInfo) -> tuple[bool, bool]:
-    """(`stop` on any rank, `main_says` on rank 0), the same on every rank, in one CPU all-reduce.
-
-    A SIGTERM may reach one rank first; a clock's decision (a timed checkpoint) is rank 0's alone,
-    because every rank must act at the same step.
-    """
+    """(`stop` on any rank, `main_says` on rank 0) on every rank, in one CPU all-reduce: a SIGTERM
+    may reach one rank first, and a clock's decision (a timed checkpoint) is rank 0's alone, because
+    every rank must act at the same step."""
     if not info.enabled:
         return stop, main_says
     votes = torch.tensor([int(stop), int(main_says and info.is_main)], dtype=torch.int32)
@@ -138,11 +135,6 @@ def all_gather_objects(obj, info: DistInfo) -> list:
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere (sm80) and newer compute in bf16; older GPUs only emulate it
 
 
-def cpu_supports_bf16() -> bool:
-    return bool(torch.backends.mkldnn.is_available()
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def native_bf16(device: torch.device) -> bool:
     """bf16 in hardware: a GPU of compute capability 8.0 or newer, or a CPU with AVX512-BF16/AMX.
 
@@ -151,7 +143,8 @@ def native_bf16(device: torch.device) -> bool:
     """
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY
-    return cpu_supports_bf16()
+    return bool(torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def device_name(device: torch.device) -> str:

@@ -4,10 +4,9 @@
     python -m nli_helpers.launch --nproc-per-node 2 -- --profile smoke  # two CPU processes here
     python -m nli_helpers.launch --dry-run -- --profile smoke           # print the command only
 
-It reads Vertex's CLUSTER_SPEC, starts one process per visible GPU (one on a CPU) and lets torchrun
-set RANK / LOCAL_RANK / WORLD_SIZE. A SIGTERM (preemption) goes on to torchrun and the trainers,
-which checkpoint and exit with `RESTARTABLE_EXIT_CODE`; torchrun itself exits 1 whatever its workers
-did, so this launcher turns a preemption back into the code Vertex AI retries.
+One process per visible GPU (one on a CPU), nodes from Vertex's CLUSTER_SPEC. A SIGTERM
+(preemption) goes on to the trainers, which checkpoint and exit 134; torchrun itself exits 1
+whatever its workers did, so this launcher turns a preemption back into the code Vertex retries.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from .config import NLIError
 # Each trainer process that stops for a SIGTERM leaves a file in this folder (task.mark_preempted).
 PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
 RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE, not imported: no torch at start-up
-# torch's default is 30 s: torchrun must never cut a checkpoint's upload short itself
-# (benchmarks/README.md, "Preemption").
+# torchrun's default 30 s can cut a checkpoint's upload short (benchmarks/README.md, "Preemption").
 SHUTDOWN_TIMEOUT_S = 300
 REDUCTION_SERVER_POOL = "workerpool2"
 DEFAULT_MASTER_PORT = 29500
@@ -88,7 +86,8 @@ def processes_per_node() -> int:
 
 
 def torchrun_has_shutdown_timeout() -> bool:
-    """Newer torchrun takes --shutdown-timeout; older ones always give workers 30 s."""
+    """--shutdown-timeout came with pytorch/pytorch#172596, after torch 2.6 (pyproject's floor);
+    an older torchrun always gives its workers 30 s."""
     import dataclasses
 
     from torch.distributed.launcher.api import LaunchConfig

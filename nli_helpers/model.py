@@ -202,13 +202,22 @@ def _load_classifier(path: str, num_labels: int):
 PROB_COLUMNS = [f"p_{label}" for label in LABELS]
 
 
-@torch.inference_mode()
-def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_size: int = 64,
-                  max_length: int = 128, progress: bool = False) -> np.ndarray:
-    """Class probabilities (n, 3) for (premise, hypothesis) pairs, in input order; batches hold
-    pairs of similar length (far less padding)."""
+def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None,
+            batch_size: int = 64, max_length: int = 128, progress: bool = False,
+            as_table: bool = False):
+    """The label and a probability per label for each (premise, hypothesis), in input order.
+
+    `source`: a saved model folder or anything with `.model` and `.tokenizer`; or pass `model=`
+    and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame.
+    Batches hold pairs of similar length: far less padding.
+    """
     from tqdm.auto import tqdm
 
+    if model is None:
+        if hasattr(source, "model"):
+            model, tokenizer = source.model, source.tokenizer
+        else:
+            model, tokenizer = load_model_and_tokenizer(str(source))
     pairs = list(pairs)
     model.eval()
     device = next(model.parameters()).device
@@ -221,26 +230,8 @@ def predict_proba(model, tokenizer, pairs: Iterable[tuple[str, str]], *, batch_s
         premises, hypotheses = zip(*(pairs[i] for i in idx))
         enc = tokenizer(list(premises), list(hypotheses), truncation=True, max_length=max_length,
                         padding=True, return_tensors="pt").to(device)
-        probs[idx] = model(**enc).logits.float().softmax(-1).cpu().numpy()
-    return probs
-
-
-def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None,
-            batch_size: int = 64, max_length: int = 128, progress: bool = False,
-            as_table: bool = False):
-    """The label and a probability per label for each (premise, hypothesis).
-
-    `source`: a saved model folder or anything with `.model` and `.tokenizer`; or pass `model=`
-    and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame.
-    """
-    if model is None:
-        if hasattr(source, "model"):
-            model, tokenizer = source.model, source.tokenizer
-        else:
-            model, tokenizer = load_model_and_tokenizer(str(source))
-    pairs = list(pairs)
-    probs = predict_proba(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length,
-                          progress=progress)
+        with torch.inference_mode():
+            probs[idx] = model(**enc).logits.float().softmax(-1).cpu().numpy()
     if as_table:
         table = pd.DataFrame(pairs, columns=["premise", "hypothesis"])
         table["predicted"] = [LABELS[i] for i in probs.argmax(1)] if len(table) else []
