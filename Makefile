@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 # Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
+SUBSET := nli_helpers/sample/mnli_dev_matched_subset.jsonl
 
 .PHONY: help venv browser demo demo-notebooks train-smoke bench gpu-check image-check test test-fast lint constraints clean
 
@@ -25,12 +26,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP_INSTALL) -e ".[dev]"
 	touch $@
 
-venv: $(STAMP)
+venv: $(STAMP) $(SUBSET)
+
+# The real MultiNLI pairs smoke trains on offline (nli_helpers/sample/README.md), written from the project's copy of
+# dev_matched instead of kept in git; the sdist, so the trainer image, carries them. Without that copy: a note.
+$(SUBSET): $(STAMP)
+	@if [ -f "$(REAL_DATA)" ]; then \
+	  $(BIN)/python -c 'import sys; from nli_helpers.data import write_mnli_subset; print("wrote", write_mnli_subset(sys.argv[1]))' "$(REAL_DATA)"; \
+	else echo "note: $(REAL_DATA) is missing, so --data mnli-subset is not built (see ../shared/data/README.md)"; fi
 
 # Every notebook, headless, with papermill's own CLI, into runs/demo-<time>/ (the runs they train go to runs/ too).
 # Notebooks 04-05 submit to Vertex AI: offline, they run against localcloud/ (a Cloud Storage emulator and a fake
 # of Vertex AI whose jobs really train in the trainer image's stand-in, built once per package version).
-demo: $(STAMP)
+demo: $(STAMP) $(SUBSET)
 	$(BIN)/python -m localcloud -- $(MAKE) --no-print-directory demo-notebooks
 demo-notebooks:
 	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
@@ -42,11 +50,11 @@ demo-notebooks:
 	done; echo "executed notebooks: $$out"
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
-train-smoke: $(STAMP)
+train-smoke: $(STAMP) $(SUBSET)
 	$(BIN)/python -m nli_helpers.task --profile smoke
 
 # Throughput against the old recipe and Hugging Face Trainer, about 5 minutes (benchmarks/README.md).
-bench: $(STAMP)
+bench: $(STAMP) $(SUBSET)
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/train_throughput.py --quick --out runs/throughput.json
 
 # The GPU check: a roberta-base-shaped model (random weights, no hub) in bf16, fp16 and HF Trainer on the GPU here
@@ -84,10 +92,10 @@ browser:
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 WORKERS ?= auto
 XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
-test: $(STAMP) browser
+test: $(STAMP) $(SUBSET) browser
 	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(SUBSET)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: $(STAMP)

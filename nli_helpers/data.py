@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written test pairs
 # 2,994 real MultiNLI dev_matched pairs chosen by premise (sample/README.md): smoke's offline data.
+# Not in git: `make` writes them from the project's copy of dev_matched (write_mnli_subset), so the
+# sdist and the trainer image carry them.
 MNLI_SUBSET_PATH = Path(__file__).parent / "sample" / "mnli_dev_matched_subset.jsonl"
 BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"),
            "mnli-subset": (MNLI_SUBSET_PATH, "bundled MultiNLI subset")}
@@ -52,6 +54,25 @@ BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"),
 
 class DataError(NLIError):
     """The data could not be read or has the wrong shape; the message says how to fix it."""
+
+
+def in_mnli_subset(premise: str) -> bool:
+    """sample/README.md's rule: a premise (with all its pairs) is in when the first 8 bytes of
+    sha1("mnli-subset:" + premise), big-endian, over 2**64 are below 0.30."""
+    digest = hashlib.sha1(f"mnli-subset:{premise}".encode()).digest()[:8]
+    return int.from_bytes(digest, "big") / 2**64 < 0.30
+
+
+def write_mnli_subset(dev_matched: str | Path, out: str | Path = MNLI_SUBSET_PATH) -> Path:
+    """Write the lines of a MultiNLI dev_matched JSON Lines file whose premise the rule picks,
+    unchanged and in order, to `out` (written aside, then renamed: never half a file)."""
+    lines = [line for line in Path(dev_matched).read_text(encoding="utf-8").splitlines()
+             if line.strip() and in_mnli_subset(json.loads(line)["premise"])]
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
 
 
 @dataclass
@@ -432,6 +453,11 @@ def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: in
     if source.startswith("gs://"):
         return _load_gcs(source.rstrip("/"), report, eval_fraction, seed)
     path, name = BUNDLED.get(source, (Path(source).expanduser(), None))
+    if source == "mnli-subset" and not path.is_file():
+        raise DataError(f"'mnli-subset' is not built here ({path} is missing): run `make venv` in "
+                        "the project, which writes it from ../shared/data/mnli_dev_matched.jsonl, "
+                        "or pass --data with a MultiNLI file, the hub's nyu-mll/multi_nli, or "
+                        "'sample'")
     try:
         is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem

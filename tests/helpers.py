@@ -83,14 +83,19 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def run_without_credentials(tmp_path: Path, script: str):
-    """Run `python -c script` in a fresh process with no emulator, no ADC file and no GCE metadata server to ask."""
+def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
+    """The StorageError message of `call` (after `imports`) in a fresh process with no emulator, no ADC file and
+    no GCE metadata server to ask."""
     import subprocess
 
+    script = f"from nli_helpers.storage import StorageError\n{imports}\ntry:\n    {call}\n" \
+             "except StorageError as err:\n    print(err)\nelse:\n    raise SystemExit('expected StorageError')\n"
     hidden = {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
                NO_GCE_CHECK="true",  # google.auth compares with the lowercase string
                GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
-    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

@@ -1,12 +1,16 @@
-"""The real MultiNLI pairs the package ships (nli_helpers/sample/mnli_dev_matched_subset.jsonl): exactly the pairs
-its README's rule picks from dev_matched, with every hypothesis of each premise, loadable offline."""
+"""The real MultiNLI pairs the package ships (nli_helpers/sample/mnli_dev_matched_subset.jsonl, written by `make`
+from ../shared/data, not kept in git): exactly the pairs its README's rule picks from dev_matched, with every
+hypothesis of each premise, loadable offline; and one clear error where nobody has written them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
-from nli_helpers.data import MNLI_SUBSET_PATH, load_nli_splits
+import pytest
+
+from nli_helpers import data
+from nli_helpers.data import MNLI_SUBSET_PATH, DataError, load_nli_splits, write_mnli_subset
 
 
 def picked(premise: str) -> bool:
@@ -28,3 +32,18 @@ def test_the_subset_loads_offline_split_by_premise():
     assert len(train) + len(held_out) == 2994 and not set(train["premise"]) & set(held_out["premise"])
     assert set(train["label"]) == {0, 1, 2}
     assert splits.report.source == "mnli-subset"
+
+
+def test_write_mnli_subset_keeps_the_source_lines_unchanged(real_data_path, tmp_path):
+    out = write_mnli_subset(real_data_path, tmp_path / "subset.jsonl")
+    source = set(real_data_path.read_text(encoding="utf-8").splitlines())
+    written = out.read_text(encoding="utf-8").splitlines()
+    assert len(written) == 2994 and set(written) <= source
+    assert [picked(json.loads(line)["premise"]) for line in written] == [True] * 2994
+    assert not list(tmp_path.glob(".*"))  # the temporary file was renamed into place
+
+
+def test_an_unbuilt_subset_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(data.BUNDLED, "mnli-subset", (tmp_path / "missing.jsonl", "bundled MultiNLI subset"))
+    with pytest.raises(DataError, match=r"'mnli-subset' is not built here .*make venv.*'sample'"):
+        load_nli_splits("mnli-subset")

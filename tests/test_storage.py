@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ from nli_helpers.storage import (
     split_gcs_uri,
     upload,
 )
-from tests.helpers import run_without_credentials
+from tests.helpers import error_without_credentials
 
 if TYPE_CHECKING:
     from tests.gcs_emulator import GcsEmulator
@@ -304,19 +303,9 @@ def test_delete_removes_a_directory_and_nothing_beside_it(gcs_bucket: str) -> No
 
 
 def test_no_credentials_explain_how_to_log_in(tmp_path: Path) -> None:
-    script = textwrap.dedent("""
-        from nli_helpers.storage import StorageError, exists
-        try:
-            exists("gs://some-bucket/x")
-        except StorageError as err:
-            print(err)
-        else:
-            raise SystemExit("expected StorageError")
-    """)
-    result = run_without_credentials(tmp_path, script)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("gcloud auth application-default login") == 1
-    assert "GOOGLE_APPLICATION_CREDENTIALS" in result.stdout
+    shown = error_without_credentials(tmp_path, "from nli_helpers.storage import exists", "exists(\"gs://some-bucket/x\")")
+    assert shown.count("gcloud auth application-default login") == 1
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in shown
 
 
 def test_local_copy_gives_a_gs_object_as_a_local_file_and_removes_it_afterwards(

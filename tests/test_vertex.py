@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -24,7 +23,7 @@ from nli_helpers.config import make_config
 from nli_helpers.task import config_from_args
 from nli_helpers.vertex import Machine, pricing
 from nli_helpers.vertex.preflight import get_client
-from tests.helpers import run_without_credentials
+from tests.helpers import error_without_credentials
 
 # Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
 # test_packaging, as is the trainer image's stand-in under them).
@@ -280,20 +279,9 @@ def test_the_bucket_client_is_cached_per_emulator(gcs_emulator, monkeypatch):
 
 
 def test_the_bucket_client_without_credentials_says_how_to_log_in(tmp_path):
-    script = textwrap.dedent("""
-        from nli_helpers.storage import StorageError
-        from nli_helpers.vertex.preflight import get_client
-        try:
-            get_client()
-        except StorageError as err:
-            print(err)
-        else:
-            raise SystemExit("expected StorageError")
-    """)
-    result = run_without_credentials(tmp_path, script)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("gcloud auth application-default login") == 1
-    assert "GOOGLE_APPLICATION_CREDENTIALS" in result.stdout
+    shown = error_without_credentials(tmp_path, "from nli_helpers.vertex.preflight import get_client", "get_client()")
+    assert shown.count("gcloud auth application-default login") == 1
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in shown
 
 
 def test_init_without_credentials_says_how_to_log_in(monkeypatch, tmp_path):
