@@ -4,9 +4,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_INSTALL := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
-# Real MultiNLI dev_matched beside the checkout (see ../shared/data/README.md), when it is there.
+# Real MultiNLI dev_matched beside our checkouts (../shared/data/README.md); a user's clone has none, and the
+# package finds MultiNLI on the hub instead (nli_helpers/mnli.py). Tests that need the file skip without it.
 REAL_DATA := $(abspath ../shared/data/mnli_dev_matched.jsonl)
-SUBSET := nli_helpers/sample/mnli_dev_matched_subset.jsonl
+REAL_DATA_ENV := $(if $(wildcard $(REAL_DATA)),NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)},)
+# PyTorch's CPU-only wheels (https://pytorch.org/get-started/locally/: "--index-url
+# https://download.pytorch.org/whl/cpu"; it lists torch-2.13.0+cpu for cp311 on x86_64 and aarch64). PyPI's
+# default Linux torch is the CUDA 13.0 build with several GB of nvidia-* wheels (PyTorch 2.13 release notes).
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# papermill's parameter file for make demo: notebooks/params/smoke.yaml, or full.yaml on a GPU machine.
+PARAMS ?= notebooks/params/smoke.yaml
 
 .PHONY: help venv browser demo demo-notebooks train-smoke bench gpu-check image-check test test-fast lint constraints clean
 
@@ -20,42 +27,48 @@ help:
 	@echo "make lint | constraints | clean"
 
 $(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1 || echo missing); this project needs Python 3.11 or" \
+	       "newer (numpy 2.4, pandas 3.1 and transformers 5.23 do). Install one and run make PYTHON=python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
-	$(PIP_INSTALL) torch==$$(sed -n 's/^torch==//p' constraints.txt)
+	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. Without an NVIDIA GPU on Linux,
+	# the CPU build from PyTorch's CPU index when it answers; else the default build (PyPI, or a local wheel).
+	@torch=torch==$$(sed -n 's/^torch==//p' constraints.txt); \
+	if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  if $(BIN)/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=10)' \
+	       $(TORCH_CPU_INDEX) >/dev/null 2>&1; then \
+	    echo "no NVIDIA GPU: installing $$torch's CPU build from $(TORCH_CPU_INDEX)"; \
+	    $(PIP_INSTALL) --index-url $(TORCH_CPU_INDEX) $$torch || exit 1; \
+	  else echo "no NVIDIA GPU, but $(TORCH_CPU_INDEX) cannot be reached: installing the default $$torch"; \
+	    $(PIP_INSTALL) $$torch || exit 1; fi; \
+	else echo "installing $$torch (PyPI's default build: CUDA 13.0 on Linux)"; $(PIP_INSTALL) $$torch || exit 1; fi
 	$(PIP_INSTALL) -e ".[dev]"
 	touch $@
 
-venv: $(STAMP) $(SUBSET)
+venv: $(STAMP)
 
-# The real MultiNLI pairs smoke trains on offline (nli_helpers/sample/README.md), written from the project's copy of
-# dev_matched instead of kept in git; the sdist, so the trainer image, carries them. Without that copy: a note.
-$(SUBSET): $(STAMP)
-	@if [ -f "$(REAL_DATA)" ]; then \
-	  $(BIN)/python -c 'import sys; from nli_helpers.data import write_mnli_subset; print("wrote", write_mnli_subset(sys.argv[1]))' "$(REAL_DATA)"; \
-	else echo "note: $(REAL_DATA) is missing, so --data mnli-subset is not built (see ../shared/data/README.md)"; fi
-
-# Every notebook, headless, with papermill's own CLI, into runs/demo-<time>/ (the runs they train go to runs/ too).
-# Notebooks 04-05 submit to Vertex AI: offline, they run against localcloud/ (a Cloud Storage emulator and a fake
-# of Vertex AI whose jobs really train in the trainer image's stand-in, built once per package version).
-demo: $(STAMP) $(SUBSET)
+# Every notebook, headless, with papermill's own CLI, into runs/demo-<time>/ (the runs they train go to runs/ too),
+# one line per notebook with its time. Notebooks 04-05 submit to Vertex AI: offline,
+# they run against localcloud/ (a Cloud Storage emulator and a fake of Vertex AI whose jobs really train in the
+# trainer image's stand-in, built once per package version).
+demo: $(STAMP)
 	$(BIN)/python -m localcloud -- $(MAKE) --no-print-directory demo-notebooks
 demo-notebooks:
 	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
 	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
 	  start=$$(date +%s); echo "$$nb ..."; \
-	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks -f notebooks/params/smoke.yaml \
+	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks -f $(PARAMS) \
 	    "$$(pwd)/$$nb" "$$out/$$(basename $$nb)" || exit 1; \
 	  echo "  ok in $$(( $$(date +%s) - start ))s"; \
 	done; echo "executed notebooks: $$out"
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
-train-smoke: $(STAMP) $(SUBSET)
+train-smoke: $(STAMP)
 	$(BIN)/python -m nli_helpers.task --profile smoke
 
 # Throughput against the old recipe and Hugging Face Trainer, about 5 minutes (benchmarks/README.md).
-bench: $(STAMP) $(SUBSET)
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python benchmarks/train_throughput.py --quick --out runs/throughput.json
+bench: $(STAMP)
+	$(REAL_DATA_ENV) $(BIN)/python benchmarks/train_throughput.py --quick --out runs/throughput.json
 
 # The GPU check: a roberta-base-shaped model (random weights, no hub) in bf16, fp16 and HF Trainer on the GPU here
 # (benchmarks/README.md). Without a GPU it stops with a message; `benchmarks/gpu_check.py --cpu-smoke` is the tiny version.
@@ -92,10 +105,10 @@ browser:
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 WORKERS ?= auto
 XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
-test: $(STAMP) $(SUBSET) browser
-	NLI_REAL_DATA=$${NLI_REAL_DATA:-$(REAL_DATA)} $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
+test: $(STAMP) browser
+	$(REAL_DATA_ENV) $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 
-test-fast: $(STAMP) $(SUBSET)
+test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: $(STAMP)

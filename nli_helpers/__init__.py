@@ -11,6 +11,7 @@ The modules, in layers (a module imports only those below it; `make lint` checks
                         tokenise with a cache, length-grouped batches); ranks, devices, precision
     storage             gs:// and local paths
     config              TrainConfig, the profiles, errors
+    mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
 
 Beside the trainer: `vertex/` (Vertex AI jobs, the [vertex] extra; the trainer never imports it),
 `packaging` (the sdist and the venv that stands in for the image) and `notebook_runs` (what the

@@ -12,12 +12,15 @@ A profile fills in the defaults that differ between a CPU smoke run and the GPU 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import mnli
 
 __version__ = "0.1.0"  # = pyproject.toml's version (tests/test_architecture.py checks)
 
@@ -37,10 +40,11 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 # What each profile changes; every other field keeps its field default.
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The hand-written fixture (data="sample", 231 pairs) needs several short epochs at a high lr.
+    # The hand-written sample (data="sample", 231 training pairs: the offline fallback) needs
+    # several short epochs at a high lr.
     "smoke": {"model_name": "minilm-l6", "data": "sample", "epochs": 6, "batch_size": 16,
               "learning_rate": 2e-4, "warmup_ratio": 0.1, "weight_decay": 0.01},
-    # Smoke on real pairs (the bundled mnli-subset, or $NLI_REAL_DATA): one epoch.
+    # Smoke on real pairs (mnli-subset, found by nli_helpers.mnli, or $NLI_REAL_DATA): one epoch.
     "smoke_real_data": {"epochs": 1, "batch_size": 32, "learning_rate": 1e-4},
     # The reference recipe: RoBERTa-base on MultiNLI.
     "full": {"model_name": "roberta-base", "data": "nyu-mll/multi_nli", "epochs": 2,
@@ -66,8 +70,9 @@ class TrainConfig:
                                 "profile's")
     data: str | None = _f(None, "data: a jsonl/csv/tsv/parquet file, a directory of split files, "
                           "a gs:// URI, a hub dataset name, 'mnli-subset' (2,994 real MultiNLI "
-                          "pairs, bundled) or 'sample' (a hand-written test fixture); default: the "
-                          "profile's (smoke: $NLI_REAL_DATA if set, else mnli-subset)")
+                          "pairs, from ../shared/data or the hub) or 'sample' (360 hand-written "
+                          "pairs the package ships); default: the profile's (smoke: "
+                          "$NLI_REAL_DATA, else mnli-subset, else sample offline)")
     job_dir: str | None = _f(None, "output directory, local or gs://; default $AIP_MODEL_DIR when "
                              "set, else runs/train-<time>")
     epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
@@ -270,7 +275,8 @@ def check_profile(profile: str) -> str:
 def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int | None = None,
                 **overrides: Any) -> TrainConfig:
     """Field defaults, then the profile's, then the `overrides` that are not None. `verbose` prints
-    the recipe card first. On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset, and
+    the recipe card first. On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset where
+    this machine has MultiNLI (`smoke_real_data`), else the sample; and
     `smoke_cap` caps the training and per-validation-split pairs that `overrides` leave unset."""
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
@@ -282,10 +288,26 @@ def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int
     given = {k: v for k, v in overrides.items() if v is not None}
     values = dict(PROFILE_DEFAULTS[name])
     if name == "smoke":
-        values["data"] = given.get("data") or os.environ.get("NLI_REAL_DATA") or "mnli-subset"
+        values["data"] = (given.get("data") or os.environ.get("NLI_REAL_DATA")
+                          or smoke_real_data())
         if values["data"] != "sample":
             values.update(PROFILE_DEFAULTS["smoke_real_data"])
         if smoke_cap is not None:
             values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap)
     values.update(given, profile=name)
     return TrainConfig(**values)
+
+
+@functools.cache
+def smoke_real_data() -> str:
+    """'mnli-subset' where this machine has MultiNLI (../shared/data or the hub), else 'sample',
+    saying once why and what to do."""
+    try:
+        found = mnli.find_dev_matched()
+    except mnli.NotFound as e:
+        print(f"note: {e}.\nnote: the smoke profile trains on the 360 hand-written pairs the "
+              "package ships instead: they show the workflow, not MultiNLI's findings (its cues, "
+              f"baselines, accuracy); {mnli.WHAT_TO_DO}.")
+        return "sample"
+    print(f"data: real MultiNLI from {found.origin}")
+    return "mnli-subset"

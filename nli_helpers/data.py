@@ -38,41 +38,19 @@ from datasets import Dataset, DatasetDict
 from filelock import FileLock
 from tokenizers import Tokenizer
 
+from . import mnli
 from .config import LABELS, ConfigError, NLIError
 
 log = logging.getLogger(__name__)
 
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written test pairs
-# 2,994 real MultiNLI dev_matched pairs chosen by premise (sample/README.md): smoke's offline data.
-# Not in git: `make` writes them from the project's copy of dev_matched (write_mnli_subset), so the
-# sdist and the trainer image carry them.
-MNLI_SUBSET_PATH = Path(__file__).parent / "sample" / "mnli_dev_matched_subset.jsonl"
-BUNDLED = {"sample": (SAMPLE_PATH, "bundled sample"),
-           "mnli-subset": (MNLI_SUBSET_PATH, "bundled MultiNLI subset")}
+# Real MultiNLI pairs for smoke: found on this machine or the hub (mnli.py), never shipped.
+MNLI_SUBSET = "mnli-subset"
 
 
 class DataError(NLIError):
     """The data could not be read or has the wrong shape; the message says how to fix it."""
-
-
-def in_mnli_subset(premise: str) -> bool:
-    """sample/README.md's rule: a premise (with all its pairs) is in when the first 8 bytes of
-    sha1("mnli-subset:" + premise), big-endian, over 2**64 are below 0.30."""
-    digest = hashlib.sha1(f"mnli-subset:{premise}".encode()).digest()[:8]
-    return int.from_bytes(digest, "big") / 2**64 < 0.30
-
-
-def write_mnli_subset(dev_matched: str | Path, out: str | Path = MNLI_SUBSET_PATH) -> Path:
-    """Write the lines of a MultiNLI dev_matched JSON Lines file whose premise the rule picks,
-    unchanged and in order, to `out` (written aside, then renamed: never half a file)."""
-    lines = [line for line in Path(dev_matched).read_text(encoding="utf-8").splitlines()
-             if line.strip() and in_mnli_subset(json.loads(line)["premise"])]
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, out)
-    return out
 
 
 @dataclass
@@ -435,9 +413,9 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
                     fraction_of_train_data: float = 1.0, max_train_samples: int | None = None,
                     max_eval_samples: int | None = None) -> DatasetDict:
     """Load `source` into train / validation_matched (/ validation_mismatched) splits; what was
-    dropped is in `splits.report`. Sources: `sample` or `mnli-subset` (bundled), a jsonl/json/csv/
-    tsv/parquet file (.gz too), a folder of `train.*`, `validation_matched.*` (`dev_matched.*`) and
-    `validation_mismatched.*` files, a `gs://` file or folder, a hub dataset name."""
+    dropped is in `splits.report`. Sources: `sample` (bundled), `mnli-subset` (`mnli` finds it),
+    a jsonl/json/csv/tsv/parquet file (.gz too), a folder of `train.*`, `validation_matched.*`
+    (`dev_matched.*`) and `validation_mismatched.*` files, a `gs://` file or folder, a hub name."""
     report = LoadReport(str(source))
     frames = _load_frames(str(source), report, eval_fraction, seed)
     splits = DatasetDict({name: Dataset.from_pandas(df, preserve_index=False)
@@ -452,12 +430,10 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
 def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
     if source.startswith("gs://"):
         return _load_gcs(source.rstrip("/"), report, eval_fraction, seed)
-    path, name = BUNDLED.get(source, (Path(source).expanduser(), None))
-    if source == "mnli-subset" and not path.is_file():
-        raise DataError(f"'mnli-subset' is not built here ({path} is missing): run `make venv` in "
-                        "the project, which writes it from ../shared/data/mnli_dev_matched.jsonl, "
-                        "or pass --data with a MultiNLI file, the hub's nyu-mll/multi_nli, or "
-                        "'sample'")
+    if source == MNLI_SUBSET:
+        return _load_mnli_subset(report, eval_fraction, seed)
+    path = SAMPLE_PATH if source == "sample" else Path(source).expanduser()
+    name = "bundled sample" if source == "sample" else None
     try:
         is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem
@@ -469,6 +445,33 @@ def _load_frames(source: str, report: LoadReport, eval_fraction: float, seed: in
         df = normalise_frame(read_table(path), name, report)
         return _single_frame(df, name, eval_fraction, seed)
     return _load_hub(source, report, eval_fraction, seed)
+
+
+def _load_mnli_subset(report: LoadReport, eval_fraction: float, seed: int) -> _Frames:
+    return _single_frame(_mnli_subset_frame(report), MNLI_SUBSET, eval_fraction, seed)
+
+
+def _mnli_subset_frame(report: LoadReport) -> pd.DataFrame:
+    """The subset rule's pairs of MultiNLI dev_matched, from wherever `mnli` finds it."""
+    try:
+        found = mnli.find_dev_matched()
+    except mnli.NotFound as e:
+        raise DataError(f"--data {MNLI_SUBSET}: {e}; {mnli.WHAT_TO_DO}, or pass --data sample "
+                        "(the hand-written pairs)") from e
+    report.source = f"{MNLI_SUBSET} (MultiNLI dev_matched from {found.origin})"
+    df = normalise_frame(read_table(found.path), str(found.path), report)
+    return df[df["premise"].map(mnli.in_subset)].reset_index(drop=True)
+
+
+def write_mnli_subset(out: str | Path) -> Path:
+    """Write the `mnli-subset` pairs as JSON Lines to `out`, for a job to read (a Vertex job cannot
+    see this machine's files): loading that file gives the same splits as `mnli-subset`."""
+    df = _mnli_subset_frame(LoadReport(MNLI_SUBSET))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.assign(label=[LABELS[i] for i in df["label"]]).to_json(
+        out, orient="records", lines=True, force_ascii=False)
+    return out
 
 
 def _load_directory(path: Path, report: LoadReport, eval_fraction: float, seed: int) -> _Frames:

@@ -1,6 +1,6 @@
 """`PaddedCollator` gives exactly what transformers' `DataCollatorWithPadding` gives for those rows.
 
-Real MultiNLI pairs (the bundled subset) through the smoke model's tokenizer (MiniLM, with
+Real MultiNLI pairs (`mnli-subset`, skipped where this machine has no MultiNLI) through the smoke model's tokenizer (MiniLM, with
 token_type_ids) and the tiny test BERT: same keys, dtypes and values, for odd batch sizes, a batch
 of one, padding to a multiple of 8, padding on the left, and the training loader's own batches.
 """
@@ -10,15 +10,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
-from nli_helpers.data import PaddedCollator, load_nli_splits, tokenize_splits
+from nli_helpers.data import PaddedCollator, tokenize_splits
 from nli_helpers.model import minilm_path
 
 DROPPED = ["genre", "length"]  # what the loop never feeds the model
 
 
 @pytest.fixture(scope="module")
-def mnli_pairs():
-    return load_nli_splits("mnli-subset")
+def mnli_pairs(mnli_subset):
+    return mnli_subset
 
 
 @pytest.fixture(scope="module", params=["minilm-l6", "tiny-random"])

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from nli_helpers import config
 from nli_helpers.config import PROFILE_DEFAULTS, RECIPE_CARDS, ConfigError, TrainConfig, make_config
 from nli_helpers.task import build_parser, config_from_args
 
@@ -42,6 +43,7 @@ def test_all_problems_are_reported_together():
 
 def test_profiles_fill_defaults_and_overrides_win(monkeypatch):
     monkeypatch.delenv("NLI_REAL_DATA", raising=False)
+    monkeypatch.setattr(config, "smoke_real_data", lambda: "mnli-subset")  # this machine has MultiNLI
     smoke = make_config("smoke")
     assert (smoke.profile, smoke.model_name, smoke.data) == ("smoke", "minilm-l6", "mnli-subset")
     assert (smoke.epochs, smoke.batch_size) == (1, 32)  # real pairs: one epoch, as on NLI_REAL_DATA
