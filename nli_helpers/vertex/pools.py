@@ -13,9 +13,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from nli_helpers.config import TrainConfig, check_profile, make_config
+from nli_helpers import storage
+from nli_helpers.config import TrainConfig, check_profile, make_config, smoke_real_data
 from nli_helpers.vertex.pricing import POOL_ROLES
 
 from .errors import VertexError
@@ -78,13 +80,32 @@ class ReductionServer:
 
 
 def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: Any) -> TrainConfig:
-    """`make_config` for a job: the recipe is this argument, never this machine's hardware. A job
-    cannot read this machine's files, so `smoke` trains on the MultiNLI subset the package carries
-    unless you name gs:// data ($NLI_REAL_DATA is a local file); its model is in the image."""
+    """`make_config` for a job: the recipe is this argument, never this machine's hardware. On
+    `smoke` the data is `mnli-subset` where this machine has MultiNLI, else the sample the image
+    carries, never $NLI_REAL_DATA; `stage_data` then puts local data where the job can read it."""
     name = check_profile(profile)
     if name == "smoke" and not overrides.get("data"):
-        overrides["data"] = "mnli-subset"
+        overrides["data"] = smoke_real_data()
     return make_config(name, verbose=verbose, **overrides)
+
+
+def stage_data(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfig:
+    """`cfg` with its data where a Vertex job can read it: a local file or folder, or `mnli-subset`
+    written out in `folder` as JSON Lines (the same splits), is uploaded to `bucket`/data/; gs://,
+    a hub name and the sample (inside the image) stay as they are."""
+    from nli_helpers.data import MNLI_SUBSET, write_mnli_subset  # lazy: data loads torch
+
+    if cfg.data == MNLI_SUBSET:
+        local = write_mnli_subset(Path(folder) / f"{MNLI_SUBSET}.jsonl")
+    elif cfg.data and cfg.data != "sample" and not storage.is_gcs_uri(cfg.data) \
+            and Path(cfg.data).expanduser().exists():
+        local = Path(cfg.data).expanduser()
+    else:
+        return cfg
+    uri = f"{bucket.rstrip('/')}/data/{local.name}"
+    storage.upload(local, uri)
+    print(f"data: uploaded {cfg.data} ({local.name}) to {uri}, where the job reads it")
+    return dataclasses.replace(cfg, data=uri)
 
 
 def job_args(cfg: TrainConfig) -> list[str]:

@@ -221,11 +221,25 @@ def _check_container_image(image_uri: str, region: str, machine: Machine) -> Che
 
 
 def _check_data(cfg: TrainConfig) -> Check:
-    if cfg.data and not storage.is_gcs_uri(cfg.data) and Path(cfg.data).expanduser().exists():
-        return Check("data", "fail", f"data={cfg.data} is a local path the Vertex worker cannot "
-                     "see: upload it with storage.upload(path, 'gs://BUCKET/data/...') and pass "
-                     "the gs:// URI (or data='sample')")
-    return Check("data", "ok", f"data={cfg.data or 'the profile default'}")
+    """The job reads its data from gs://, from the image (the sample) or from the hub; never from
+    this machine, whose files it cannot see."""
+    data, stage = cfg.data, "vertex.stage_data(cfg, 'gs://BUCKET', folder) uploads it"
+    if not data or data == "sample":
+        return Check("data", "ok", f"data={data or 'the profile default'}: in the trainer image")
+    if storage.is_gcs_uri(data):
+        try:
+            found = storage.exists(data)
+        except NLIError as err:
+            return Check("data", "fail", f"data={data}: {err}")
+        if not found:
+            return Check("data", "fail", f"data={data} does not exist: upload the data first "
+                         f"({stage})")
+        return Check("data", "ok", f"data={data}")
+    if data == "mnli-subset" or not Path(data).expanduser().exists():
+        return Check("data", "warn", f"data={data}: the job downloads it from the Hugging Face hub "
+                     f"at start, which needs the job to reach the internet; {stage} to gs://")
+    return Check("data", "fail", f"data={data} is a local path the Vertex worker cannot see: "
+                 f"{stage} and passes the gs:// URI (or use data='sample')")
 
 
 def _check_batch(cfg: TrainConfig, machine: Machine) -> Check:
