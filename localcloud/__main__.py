@@ -10,9 +10,12 @@ from localcloud import LocalCloud
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: {__doc__}")
+        return 0
     command = argv[argv.index("--") + 1:] if "--" in argv else argv
     if not command:
-        print(__doc__)
+        print(f"usage: {__doc__}")
         return 2
     with LocalCloud() as cloud:
         print(f"local cloud: Cloud Storage {cloud.emulator.host}, Vertex AI {cloud.fake.endpoint}, "

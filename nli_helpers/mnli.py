@@ -64,6 +64,8 @@ def find_dev_matched() -> Found:
         path = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=HUB_REVISION)
     except Exception as e:  # offline, unreachable, refused: all mean "not on this machine"
         reason = (str(e).strip() or type(e).__name__).split(". ")[0].splitlines()[0][:200]
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            reason = "HF_HUB_OFFLINE is set, and huggingface_hub's cache has no copy"
         raise NotFound(f"no MultiNLI on this machine: no ../shared/data beside the checkout, and "
                        f"the Hugging Face hub's {HUB_REPO} could not be read ({reason})") from e
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")

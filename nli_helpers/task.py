@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import NLIError, TrainConfig, batch_line, make_config
+from .config import PROFILE_DEFAULTS, NLIError, TrainConfig, batch_line, make_config
 
 if TYPE_CHECKING:
     from .train import TrainCallback, TrainResult
@@ -58,11 +58,11 @@ def whole_number(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m nli_helpers.task", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS)
+        argument_default=argparse.SUPPRESS)
     for f in dataclasses.fields(TrainConfig):
         names = sorted({f"--{f.name}", f"--{f.name.replace('_', '-')}"})
         kind = TrainConfig.field_type(f.name)
-        help_text = f.metadata["help"]
+        help_text = f.metadata["help"] + default_help(f.name, f.default)
         if kind is bool:
             parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction,
                                 help=help_text)
@@ -74,6 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shorthand for --precision bf16 (fails clearly where bf16 is "
                         "unsupported)")
     return parser
+
+
+def default_help(name: str, default: object) -> str:
+    """' (default: ...)' for --help: the profiles' values where they set the field, else its own.
+    (A flag left out is absent, not defaulted: make_config fills it from the profile.)"""
+    smoke, real, full = (PROFILE_DEFAULTS[k] for k in ("smoke", "smoke_real_data", "full"))
+    if name == "data":  # its help says where smoke looks
+        return ""
+    parts = []
+    if name in smoke:
+        parts.append(f"smoke {real[name]} on MultiNLI, {smoke[name]} on the sample" if name in real
+                     else f"smoke {smoke[name]}")
+    if name in full:
+        parts.append(f"full {full[name]}")
+    if parts and (name not in smoke or name not in full) and default is not None:
+        parts.append(f"else {default}")
+    if not parts and (default is None or name == "profile"):
+        return ""
+    return f" (default: {', '.join(parts) or default})"
 
 
 def config_from_args(argv: list[str] | None = None) -> TrainConfig:

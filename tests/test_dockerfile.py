@@ -68,7 +68,7 @@ def test_the_build_time_check_accepts_each_published_build_and_refuses_another()
     from nli_helpers.vertex import TORCH_CUDA_BUILDS
 
     steps = parse_dockerfile(DOCKERFILE.read_text())
-    (check,) = [c for c in image_check.run_commands(steps) if c.startswith("python -c")]
+    (check,) = [c for c in image_check.run_commands(steps) if c.startswith("python -c") and "TORCH_CUDA" in c]
     code, arg = shlex.split(check)[2], shlex.split(check)[3]
     assert arg == "${TORCH_CUDA}"
     pin = _torch_pin()
@@ -157,3 +157,27 @@ def test_entry_point_runs_the_task_module_of_the_package(steps):
     spec = importlib.util.find_spec(module)
     assert spec is not None and Path(spec.origin).is_relative_to(ROOT / "nli_helpers")
     assert "def main(" in Path(spec.origin).read_text() and '__name__ == "__main__"' in Path(spec.origin).read_text()
+
+
+def test_cloud_build_uploads_exactly_the_build_context(steps):
+    """.gcloudignore decides what `gcloud builds submit` uploads (gcloud topic gcloudignore: without the file, a default
+    built from .gitignore; .dockerignore is not read): every file the Dockerfile copies, tracked in git so a fresh
+    clone has it, plus the Dockerfile and .dockerignore; no notebook, test or local file."""
+    import pathspec
+
+    spec = pathspec.GitIgnoreSpec.from_lines((ROOT / ".gcloudignore").read_text().splitlines())
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    uploaded = {path for path in tracked if not spec.match_file(path)}
+    sources = [src.rstrip("/") for name, args in steps if name == "COPY"
+               for src in [w for w in args.split() if not w.startswith("--")][:-1]]
+    copied = {path for path in tracked if any(path == src or path.startswith(src + "/") for src in sources)}
+    assert uploaded == copied | {"docker/Dockerfile", ".dockerignore"}, uploaded ^ (copied | {"docker/Dockerfile"})
+    assert all((ROOT / src).exists() for src in sources)
+    assert spec.match_file("nli_helpers/__pycache__/data.cpython-311.pyc") and spec.match_file("notebooks/01.ipynb")
+
+
+def test_the_build_fails_when_the_image_lacks_what_a_default_job_reads(steps):
+    """The last RUN loads what a default smoke job needs from the installed package (the sample pairs, the MiniLM
+    weights): a package built without them fails the build, not a job on Vertex after its machines started."""
+    check = [args for name, args in steps if name == "RUN"][-1]
+    assert "SAMPLE_PATH" in check and "minilm_path" in check, check
