@@ -367,4 +367,4 @@ def preempt(job: FakeJob, replica: Replica, *, kind: str, hard: bool, grace_s: f
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)

@@ -115,7 +115,7 @@ def _create(fake, parent: str, body: dict) -> tuple[int, dict]:
     problem = _server_side_problem(proto)
     if problem:
         return rules.api_error(400, "INVALID_ARGUMENT", problem)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     proto.name = f"{parent}/hyperparameterTuningJobs/{next(fake._ids)}"
     proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, now, now
     job = tuning_jobs(fake)[proto.name] = FakeTuningJob(proto, body)
@@ -183,7 +183,7 @@ def _run(fake, job: FakeTuningJob) -> None:
     with fake._lock:
         if job.proto.state != JobState.JOB_STATE_PENDING:
             return
-        job.proto.state, job.proto.start_time = JobState.JOB_STATE_RUNNING, dt.datetime.now(dt.timezone.utc)
+        job.proto.state, job.proto.start_time = JobState.JOB_STATE_RUNNING, dt.datetime.now(dt.UTC)
     metrics_dir = Path(tempfile.mkdtemp(prefix="fake-vertex-hp-"))
     n = job.proto.max_trial_count
     with ThreadPoolExecutor(max_workers=job.proto.parallel_trial_count) as pool:
@@ -211,12 +211,12 @@ def _run_trial(fake, job: FakeTuningJob, i: int, n: int, metrics_dir: Path) -> N
                   for p in job.proto.study_spec.parameters]
         child = _child_job(fake, job, trial_id, params, metric_file)
         job.proto.trials.append(Trial(id=trial_id, state=Trial.State.ACTIVE, parameters=params,
-                                      start_time=dt.datetime.now(dt.timezone.utc), custom_job=child.proto.name))
+                                      start_time=dt.datetime.now(dt.UTC), custom_job=child.proto.name))
     fake._run(child)  # the chief replica, exactly as for a custom job; ends SUCCEEDED, FAILED or CANCELLED
     measurements = _read_measurements(metric_file, job.proto.study_spec.metrics[0].metric_id)
     with fake._lock:
         trial = next(t for t in job.proto.trials if t.id == trial_id)
-        trial.end_time = dt.datetime.now(dt.timezone.utc)
+        trial.end_time = dt.datetime.now(dt.UTC)
         trial.measurements.extend(measurements)
         if child.proto.state == JobState.JOB_STATE_SUCCEEDED and measurements:
             trial.state, trial.final_measurement = Trial.State.SUCCEEDED, _final(job.proto.study_spec, measurements)
@@ -237,7 +237,7 @@ def _child_job(fake, job: FakeTuningJob, trial_id: str, params: list, metric_fil
         code = pool.python_package_spec if "python_package_spec" in pool else pool.container_spec
         code.args.extend(args)
         code.env.extend(env)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     proto = CustomJob(display_name=f"{job.proto.display_name}-trial-{trial_id}", job_spec=spec,
                       name=f"{job.proto.name.split('/hyperparameterTuningJobs/')[0]}/customJobs/{next(fake._ids)}",
                       state=JobState.JOB_STATE_PENDING, create_time=now, update_time=now)
@@ -281,7 +281,7 @@ def _cancel(fake, job: FakeTuningJob) -> tuple[int, dict]:
 
 
 def _finish(job: FakeTuningJob, state: JobState, message: str = "") -> None:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     job.proto.state, job.proto.end_time, job.proto.update_time = state, now, now
     if message and state != JobState.JOB_STATE_SUCCEEDED:
         job.proto.error = {"code": 1 if state == JobState.JOB_STATE_CANCELLED else 3, "message": message}

@@ -9,10 +9,10 @@ import ast
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.helpers import ROOT
 

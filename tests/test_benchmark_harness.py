@@ -4,10 +4,10 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tomllib
 from types import SimpleNamespace
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 from tests.helpers import ROOT

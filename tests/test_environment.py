@@ -6,9 +6,9 @@ or `pip install -e '.[dev]' -c constraints.txt` installs. There is no conda here
 """
 
 import re
+import tomllib
 
 import nbformat
-import tomllib
 import yaml
 from packaging.requirements import Requirement
 

@@ -13,9 +13,9 @@ bar, waits until every code cell has an execution count and the kernel is idle, 
 
 A full-page screenshot of each notebook goes to runs/ui-screenshots/ (git-ignored), on success and on failure.
 
-Data: the Jupyter server (so the kernel) runs WITHOUT `NLI_REAL_DATA`, so the smoke profile trains on the
-real MultiNLI pairs the package ships, as a learner's offline demo does; nbval runs every notebook on the
-file `NLI_REAL_DATA` names. Artefacts go to a temporary `NLI_RUNS_DIR`. Notebook 02 is not run here: it
+Data: the Jupyter server (so the kernel) runs WITHOUT `NLI_REAL_DATA`, so the smoke profile trains on
+`mnli-subset` (from ../shared/data here; the hand-written sample on a clone with no MultiNLI), as a learner's
+demo does; nbval runs every notebook on the file `NLI_REAL_DATA` names. Artefacts go to a temporary `NLI_RUNS_DIR`. Notebook 02 is not run here: it
 trains for minutes and nbval runs it; 06 trains a small model with the same progress bar in seconds.
 
 Needs: jupyterlab (the `notebooks` extra), playwright (the `dev` extra; never `playwright install`: we use the

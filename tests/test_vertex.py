@@ -228,6 +228,38 @@ def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     assert "invalid label(s) Team" in message
 
 
+def _data_check(bucket: str, cfg):
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{bucket}", machine=Machine(), cfg=cfg,
+                              image_uri="gcr.io/p/trainer:1", verbose=False, raise_on_failure=False)
+    return next(c for c in checks if c.name == "data")
+
+
+def test_a_job_reads_data_from_cloud_storage_and_preflight_checks_the_object_is_there(gcs_bucket, tmp_path):
+    bucket = f"gs://{gcs_bucket}"
+    missing = _data_check(gcs_bucket, make_config("smoke", data=f"{bucket}/data/none.jsonl"))
+    assert missing.status == "fail" and "does not exist: upload the data first (vertex.stage_data" in missing.message
+    own = tmp_path / "own pairs.jsonl"
+    own.write_text('{"premise": "A dog runs.", "hypothesis": "An animal moves.", "label": "entailment"}\n')
+    staged = vertex.stage_data(make_config("smoke", data=str(own)), bucket, tmp_path / "staging")
+    assert staged.data == f"{bucket}/data/own pairs.jsonl" and storage.exists(staged.data)
+    assert _data_check(gcs_bucket, staged).status == "ok"
+    # What the job can read already stays as it is: the sample in the image, gs://, a hub name (with a warning).
+    for data in ("sample", staged.data, "someone/their-nli-data"):
+        assert vertex.stage_data(make_config("smoke", data=data), bucket, tmp_path).data == data
+    hub = _data_check(gcs_bucket, make_config("smoke", data="someone/their-nli-data"))
+    assert hub.status == "warn" and "downloads it from the Hugging Face hub" in hub.message
+
+
+def test_the_multinli_subset_is_staged_as_the_same_splits(gcs_bucket, tmp_path, mnli_subset):
+    staged = vertex.stage_data(make_config("smoke", data="mnli-subset"), f"gs://{gcs_bucket}", tmp_path)
+    assert staged.data == f"gs://{gcs_bucket}/data/mnli-subset.jsonl"
+    from nli_helpers.data import load_nli_splits
+
+    job_reads = load_nli_splits(staged.data)  # what the trainer in the job loads
+    assert {name: len(ds) for name, ds in job_reads.items()} == {name: len(ds) for name, ds in mnli_subset.items()}
+    assert job_reads["validation_matched"]["premise"] == mnli_subset["validation_matched"]["premise"]
+
+
 def test_preflight_names_zero_replicas_instead_of_crashing(gcs_bucket):
     with pytest.raises(vertex.PreflightError) as err:
         vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri="gcr.io/p/trainer:1",
