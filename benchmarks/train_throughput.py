@@ -35,7 +35,7 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER_NAMES = ("seed_recipe", "hf_trainer", "nli_helpers")
-DEFAULT_DATA = os.environ.get("NLI_REAL_DATA") or str(ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl")
+DEFAULT_DATA = os.environ.get("NLI_REAL_DATA")  # else MultiNLI dev_matched where nli_helpers.mnli finds it
 MEDIAN_KEYS = ("examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "wall_s", "loop_s",
                "setup_s", "cpu_ms_per_example", "accuracy")
 # Steps are a multiple of 50 because Trainer's group_by_length sampler sorts each mega-batch of 50
@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "autocast), nli_helpers@no_grouping (random batches, dynamic padding only); join with +")
     p.add_argument("--model", default="minilm-l6",
                    help="model name or directory (minilm-l6, tiny-random, roberta-base, ...)")
-    p.add_argument("--data", default=DEFAULT_DATA, help="NLI pairs file ($NLI_REAL_DATA, or 'sample')")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help="NLI pairs file, or 'sample' (default: $NLI_REAL_DATA, else MultiNLI dev_matched from "
+                        "../shared/data or the Hugging Face hub's cache)")
     p.add_argument("--max-eval-samples", type=int, default=None,
                    help="cap the held-out rows (default: all in full mode, 500 with --quick)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per run (0: torch's default)")
@@ -204,6 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted({r.partition("@")[0] for r in runners} - set(RUNNER_NAMES))
     if unknown:
         raise SystemExit(f"unknown runner(s) {', '.join(unknown)}; choose from {', '.join(RUNNER_NAMES)}")
+    if args.data is None:
+        from nli_helpers import mnli
+
+        try:
+            args.data = str(mnli.find_dev_matched().path)
+        except mnli.NotFound as e:
+            raise SystemExit(f"{e}; {mnli.WHAT_TO_DO}, or pass --data sample") from None
     if args.data != "sample" and not Path(args.data).is_file():
         raise SystemExit(f"data file {args.data} does not exist; set NLI_REAL_DATA or pass --data "
                          "(see ../shared/data/README.md), or --data sample")
