@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 SHARED_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnli_dev_matched.jsonl"
 # The hub repository's layout since its commit da70db2 ("Convert dataset to Parquet (#5)"): one
