@@ -222,3 +222,24 @@ def test_full_params_are_the_reference_recipe():
     cfg = make_config("full", **fields)
     assert (cfg.model_name, cfg.epochs, cfg.batch_size, cfg.learning_rate) == ("roberta-base", 2, 32, 2e-5)
     assert dataclasses.asdict(cfg)["data"] == "nyu-mll/multi_nli"
+
+
+# Every call that starts billable work on Google Cloud, and the yes that must guard it in the same cell.
+BILLING_CALLS = re.compile(r"\bjob\.submit\(|\.run\(sync=|submit_custom_job\(")
+YES = re.compile(r"vertex\.confirm_submit\(cloud, submit,|if run_multi_worker:")
+
+
+@pytest.mark.parametrize("name", ["04_submit_vertex", "05_tune_hyperparameters"])
+def test_run_all_on_google_cloud_submits_nothing_without_a_yes(name):
+    """Issue 27: with a bucket set and every parameter at its default, Run All bills nothing. The defaults are
+    practice mode and no submission; each cell that would start a job on Google Cloud asks for its own yes first,
+    after printing the cost."""
+    path = NOTEBOOK_DIR / f"{name}.ipynb"
+    defaults = {n: p["default"] for n, p in parameters(path).items()}
+    assert defaults["cloud"] == '"practice"' and defaults["submit"] == "False", defaults
+    assert defaults.get("multi_worker", "None") == "None"  # 04: on Google Cloud only when asked
+    billing = [c.source for c in code_cells(read(path)) if BILLING_CALLS.search(c.source)]
+    assert billing, "the notebook submits nothing: the check would pass on nothing"
+    for source in billing:
+        guard, call = YES.search(source), BILLING_CALLS.search(source)
+        assert guard and guard.start() < call.start(), f"a job is submitted without asking first:\n{source}"

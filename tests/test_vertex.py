@@ -511,3 +511,21 @@ def test_a_container_job_trains_the_smoke_model_the_image_carries(fake_vertex_ru
     log = fake_vertex_runner.jobs[job.resource_name].log
     assert "\r" not in log and re.search(r"\[workerpool0-0\] step \d+/\d+ epoch [\d.]+ loss [\d.]+ lr", log), log[-2000:]
     assert "[workerpool0-0] eval step" in log
+
+
+def test_nothing_is_billed_without_a_yes(monkeypatch):
+    for name in vertex.jobs.PRACTICE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    vertex.confirm_submit("practice", False, "submit", "The job")  # the stand-ins: free, always runs
+    vertex.confirm_submit("google", True, "submit", "The job")     # asked for
+    with pytest.raises(vertex.NotSubmitted) as stopped:
+        vertex.confirm_submit("google", False, "submit", "The tuning job")
+    # In a notebook the stop shows as its message alone, no traceback: IPython prints _render_traceback_().
+    assert stopped.value._render_traceback_() == [
+        "Not submitted. The tuning job would bill your Google Cloud project (the cost is printed above). To submit "
+        "it, set submit = True in the parameters cell and run from here."]
+    with pytest.raises(vertex.VertexError, match="cloud='gcp' is unknown: use 'practice'"):
+        vertex.confirm_submit("gcp", True, "submit", "The job")
+    monkeypatch.setenv(vertex.API_ENDPOINT_ENV, "http://127.0.0.1:1")
+    with pytest.raises(vertex.VertexError, match="NLI_VERTEX_API_ENDPOINT point at the local stand-ins"):
+        vertex.check_cloud("google")  # a real submission must not go to the stand-in's emulator by accident

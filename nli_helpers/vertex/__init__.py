@@ -22,7 +22,7 @@ AIP_TENSORBOARD_LOG_DIR under base_output_dir. No prebuilt PyTorch image can run
 from nli_helpers.packaging import build_sdist, stage_package
 from nli_helpers.vertex.pricing import estimate_cost, estimate_job_cost
 
-from .errors import JobFailedError, NoPrebuiltImageError, PreflightError, VertexError
+from .errors import JobFailedError, NoPrebuiltImageError, NotSubmitted, PreflightError, VertexError
 from .images import (
     DEFAULT_TORCH_CUDA,
     GPU_COMPUTE_CAPABILITY,
@@ -43,7 +43,10 @@ from .images import (
 )
 from .jobs import (
     API_ENDPOINT_ENV,
+    CLOUDS,
     VertexSettings,
+    check_cloud,
+    confirm_submit,
     fetch_outputs,
     init_vertex,
     logs_url,
@@ -70,10 +73,11 @@ from .tuning import validate_search_space
 
 # What the notebooks, README, docs, localcloud and tests call; the rest stays in its module.
 __all__ = [
-    "API_ENDPOINT_ENV", "DEFAULT_TORCH_CUDA", "GPU_COMPUTE_CAPABILITY", "PREBUILT_PYTORCH_IMAGES",
-    "REDUCTION_SERVER_IMAGE", "REDUCTION_SERVER_MACHINE_TYPE", "SPOT_CHECKPOINT_EVERY_MINUTES",
-    "TORCH_CUDA_BUILDS", "JobFailedError", "Machine", "NoPrebuiltImageError", "PreflightError",
-    "ReductionServer", "VertexError", "VertexSettings", "bucket_location_check", "build_sdist",
+    "API_ENDPOINT_ENV", "CLOUDS", "DEFAULT_TORCH_CUDA", "GPU_COMPUTE_CAPABILITY", "JobFailedError",
+    "Machine", "NoPrebuiltImageError", "NotSubmitted", "PREBUILT_PYTORCH_IMAGES", "PreflightError",
+    "REDUCTION_SERVER_IMAGE", "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer",
+    "SPOT_CHECKPOINT_EVERY_MINUTES", "TORCH_CUDA_BUILDS", "VertexError", "VertexSettings",
+    "bucket_location_check", "build_sdist", "check_cloud", "confirm_submit",
     "container_worker_pools", "estimate_cost", "estimate_job_cost", "fetch_outputs",
     "image_gpu_problem", "image_torch_cuda", "image_torch_version", "init_vertex", "job_args",
     "job_config", "local_torch_version", "logs_url", "newest_prebuilt_image_uri",

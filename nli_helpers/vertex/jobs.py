@@ -26,7 +26,7 @@ from google.auth.exceptions import GoogleAuthError
 from nli_helpers import storage
 from nli_helpers.storage import CREDENTIALS_HELP
 
-from .errors import JobFailedError, VertexError
+from .errors import JobFailedError, NotSubmitted, VertexError
 from .images import trainer_image_uri
 from .pools import SPOT_CHECKPOINT_EVERY_MINUTES, spot_worker_pools, training_replicas
 
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from google.cloud.aiplatform import CustomJob
 
 API_ENDPOINT_ENV = "NLI_VERTEX_API_ENDPOINT"
+CLOUDS = ("practice", "google")  # where a notebook's jobs go: the local stand-ins, or your project
+# What `python -m localcloud` (or a notebook in practice mode) sets: never beside cloud="google".
+PRACTICE_ENV = ("STORAGE_EMULATOR_HOST", API_ENDPOINT_ENV)
 TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
                    "JOB_STATE_EXPIRED")
 
@@ -46,6 +49,29 @@ def aiplatform_sdk():
         raise VertexError("google-cloud-aiplatform is not installed: "
                           "pip install 'nli-helpers[vertex]'") from err
     return aiplatform
+
+
+def check_cloud(cloud: str) -> str:
+    """`cloud` itself, or one error: "practice" (free, on this machine) or "google" (billed). Google
+    with the stand-ins' variables set would send the notebook's storage calls to the emulator."""
+    if cloud not in CLOUDS:
+        raise VertexError(f"cloud={cloud!r} is unknown: use 'practice' (the local stand-ins, free) "
+                          "or 'google' (your Google Cloud project, billed)")
+    stray = [name for name in PRACTICE_ENV if os.environ.get(name)]
+    if cloud == "google" and stray:
+        raise VertexError(f"cloud='google', but {', '.join(stray)} point at the local stand-ins "
+                          "(python -m localcloud sets them): start JupyterLab without it, or use "
+                          "cloud='practice'")
+    return cloud
+
+
+def confirm_submit(cloud: str, yes: bool, flag: str, what: str) -> None:
+    """Nothing is billed without the user's word: in practice mode go on; on Google Cloud stop
+    here with NotSubmitted unless the notebook's `flag` parameter is True."""
+    if check_cloud(cloud) == "practice" or yes:
+        return
+    raise NotSubmitted(f"{what} would bill your Google Cloud project (the cost is printed above). "
+                       f"To submit it, set {flag} = True in the parameters cell and run from here.")
 
 
 @dataclass(frozen=True)
