@@ -529,3 +529,40 @@ def test_nothing_is_billed_without_a_yes(monkeypatch):
     monkeypatch.setenv(vertex.API_ENDPOINT_ENV, "http://127.0.0.1:1")
     with pytest.raises(vertex.VertexError, match="NLI_VERTEX_API_ENDPOINT point at the local stand-ins"):
         vertex.check_cloud("google")  # a real submission must not go to the stand-in's emulator by accident
+
+
+def test_preflight_warns_when_the_image_lives_in_another_region(gcs_bucket):
+    def image_note(image_uri: str, region: str = "us-central1") -> str:
+        checks = vertex.preflight(region=region, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), verbose=False,
+                                  image_uri=image_uri, raise_on_failure=False)
+        return next(c for c in checks if c.name == "image/torch").message
+
+    far = "it lives in europe-west4, the job runs in us-central1: every replica pulls it across regions"
+    assert far in image_note("europe-west4-docker.pkg.dev/p/nli/trainer:0.1.0-cu126")
+    assert "across regions" in image_note("asia-docker.pkg.dev/p/nli/trainer:0.1.0-cu126")
+    for near in ("us-central1-docker.pkg.dev/p/nli/trainer:0.1.0-cu126", "us-docker.pkg.dev/p/nli/trainer:0.1.0-cu126"):
+        assert "across regions" not in image_note(near)
+    assert "across regions" not in image_note("europe-docker.pkg.dev/p/nli/trainer:0.1.0-cu126", "europe-west4")
+
+
+def test_g4_machines_carry_their_blackwell_gpu_and_need_the_cu130_image(gcs_bucket):
+    g4 = Machine("g4-standard-48", "NVIDIA_RTX_PRO_6000", 1)
+    assert AcceleratorType["NVIDIA_RTX_PRO_6000"]  # the SDK's enum has the name preflight accepts
+
+    def status(image_uri: str) -> dict:
+        checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=g4, verbose=False,
+                                  image_uri=image_uri, raise_on_failure=False)
+        return {c.name: (c.status, c.message) for c in checks}
+
+    built_for_blackwell = status("us-central1-docker.pkg.dev/p/nli/trainer:0.1.0-cu130")
+    assert built_for_blackwell["machine"][0] == "ok" and built_for_blackwell["image/torch"][0] != "fail"
+    default_build = status("us-central1-docker.pkg.dev/p/nli/trainer:0.1.0-cu126")["image/torch"]
+    assert default_build[0] == "fail" and "cu130" in default_build[1]
+    assert "comes with 2 x NVIDIA_RTX_PRO_6000" in pricing.accelerator_problem("g4-standard-96", "NVIDIA_L4", 1)
+
+
+def test_the_reduction_server_image_comes_from_the_multi_region_nearest_the_job():
+    assert vertex.ReductionServer(1).image_uri == vertex.REDUCTION_SERVER_IMAGE  # us-central1
+    europe = vertex.ReductionServer(1, region="europe-west4").worker_pool()["container_spec"]["image_uri"]
+    assert europe == "europe-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+    assert vertex.reduction_server_image("asia-southeast1").startswith("asia-docker.pkg.dev/vertex-ai-restricted/")

@@ -65,6 +65,7 @@ from .pools import (
     job_config,
     pools_table,
     python_package_worker_pools,
+    reduction_server_image,
     spot_worker_pools,
     stage_data,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "job_config", "local_torch_version", "logs_url", "newest_prebuilt_image_uri",
     "package_torch_requirement", "pools_table", "prebuilt_image_problem", "prebuilt_image_uri",
     "prebuilt_images_table", "preflight", "python_package_worker_pools", "queued_help",
-    "spot_worker_pools", "stage_data", "stage_package", "submit_custom_job", "torch_minor",
-    "trainer_image_build_commands", "trainer_image_uri", "validate_search_space", "watch_job",
+    "reduction_server_image", "spot_worker_pools", "stage_data", "stage_package",
+    "submit_custom_job", "torch_minor", "trainer_image_build_commands", "trainer_image_uri",
+    "validate_search_space", "watch_job",
 ]

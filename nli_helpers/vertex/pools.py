@@ -21,14 +21,22 @@ from nli_helpers.config import TrainConfig, check_profile, make_config, smoke_re
 from nli_helpers.vertex.pricing import POOL_ROLES
 
 from .errors import VertexError
-from .images import local_torch_version, prebuilt_image_uri
+from .images import local_torch_version, prebuilt_image_uri, registry_host
 
 TASK_MODULE = "nli_helpers.task"
 LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun on each replica
-# Reducers need network bandwidth, not memory, and a VM's bandwidth grows with its vCPUs;
-# n1-highcpu-16 is what Google's samples use.
+# Reducers need network bandwidth, not memory, and a VM's bandwidth grows with its vCPUs. Vertex's
+# distributed-training page: "We recommend that you use the n1-highcpu-16 machine type for
+# Reduction Server nodes", from one of three multi-region copies of the image (us-, europe- and
+# asia-docker.pkg.dev): "Choosing the multi-region closest to where you are performing serverless
+# training might reduce latency."
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+
+
+def reduction_server_image(region: str = "us-central1") -> str:
+    """Google's Reduction Server image from the multi-region nearest the job's region."""
+    return REDUCTION_SERVER_IMAGE.replace("us-docker.pkg.dev", registry_host(region), 1)
 # A Spot job checkpoints this often unless its config says: a preempted VM is off 30 s after its
 # notice, too soon to be sure of a last checkpoint (benchmarks/README.md weighs the interval).
 SPOT_CHECKPOINT_EVERY_MINUTES = 10
@@ -67,11 +75,17 @@ class Machine:
 
 @dataclass(frozen=True)
 class ReductionServer:
-    """Workerpool2: reducers that aggregate the GPU nodes' NCCL all-reduce (Google's image)."""
+    """Workerpool2: reducers that aggregate the GPU nodes' NCCL all-reduce (Google's image, from the
+    multi-region nearest `region` unless `image_uri` names one)."""
 
     replica_count: int = 1
     machine_type: str = REDUCTION_SERVER_MACHINE_TYPE
-    image_uri: str = REDUCTION_SERVER_IMAGE
+    image_uri: str | None = None
+    region: str = "us-central1"
+
+    def __post_init__(self) -> None:
+        if self.image_uri is None:
+            object.__setattr__(self, "image_uri", reduction_server_image(self.region))
 
     def worker_pool(self) -> dict:
         return {"machine_spec": {"machine_type": self.machine_type},

@@ -190,6 +190,17 @@ def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, regi
                  f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
 
 
+# Artifact Registry's multi-regions and the regions they hold
+# (https://cloud.google.com/artifact-registry/docs/repositories/repo-locations).
+REGISTRY_MULTI_REGIONS = {"us": "us-", "europe": "europe-", "asia": "asia-"}
+
+
+def registry_location(image_uri: str) -> str | None:
+    """The Artifact Registry location of an image (a region or us/europe/asia), else None."""
+    host = image_uri.split("/", 1)[0]
+    return host.removesuffix("-docker.pkg.dev") if host.endswith("-docker.pkg.dev") else None
+
+
 def _check_container_image(image_uri: str, region: str, machine: Machine) -> Check:
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
         return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: "
@@ -208,11 +219,10 @@ def _check_container_image(image_uri: str, region: str, machine: Machine) -> Che
         notes.append(f"a {build.tag} build needs an NVIDIA driver >= {build.min_driver}, and "
                      "Vertex AI documents no driver version for its training VMs: if the job "
                      "cannot see its GPUs, rebuild with cu126")
-    host = image_uri.split("/", 1)[0]
-    nearby = (f"{region}-", "us-", "europe-", "asia-")
-    if host.endswith("-docker.pkg.dev") and not host.startswith(nearby):
-        notes.append(f"it lives in {host.removesuffix('-docker.pkg.dev')}, the job runs in "
-                     f"{region}: every replica pulls it across regions (slower, egress charges)")
+    where = registry_location(image_uri)
+    if where and not (where == region or region.startswith(REGISTRY_MULTI_REGIONS.get(where, "-"))):
+        notes.append(f"it lives in {where}, the job runs in {region}: every replica pulls it "
+                     "across regions (slower, egress charges)")
     if notes:
         return Check("image/torch", "warn", f"{image_uri}: " + "; ".join(notes))
     gpu = f", which runs {machine.accelerator_type}" if machine.has_gpu else ""

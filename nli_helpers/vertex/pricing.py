@@ -64,6 +64,12 @@ ATTACHED_GPUS: list[tuple[str, str, int | None]] = [
     (r"g2-standard-24", "NVIDIA_L4", 2),
     (r"g2-standard-48", "NVIDIA_L4", 4),
     (r"g2-standard-96", "NVIDIA_L4", 8),
+    # G4, NVIDIA RTX PRO 6000 (Blackwell): Vertex AI's "Configure compute resources for custom
+    # training" lists g4-standard-48/-96/-192/-384 with 1/2/4/8 GPUs.
+    (r"g4-standard-48", "NVIDIA_RTX_PRO_6000", 1),
+    (r"g4-standard-96", "NVIDIA_RTX_PRO_6000", 2),
+    (r"g4-standard-192", "NVIDIA_RTX_PRO_6000", 4),
+    (r"g4-standard-384", "NVIDIA_RTX_PRO_6000", 8),
 ]
 # N1 machines take a GPU in these counts, each with at most (vCPUs, GB of memory): the same page's
 # N1 section, transcribed from memory, not re-read. P100 x 4 allows 96 / 624 in a few zones.
@@ -103,8 +109,8 @@ def accelerator_problem(machine_type: str, accelerator_type: str | None,
             f"accelerator_count={accelerator_count} without an accelerator_type")
     if not machine_type.startswith("n1-"):
         return (f"{machine_type} cannot take a {accelerator_type}: GPUs attach to n1-* machines "
-                "(T4, P4, P100, V100) or come with a2-* (A100), a3-* (H100/H200), g2-* (L4) "
-                "machines")
+                "(T4, P4, P100, V100) or come with a2-* (A100), a3-* (H100/H200), a4-* (B200), "
+                "g2-* (L4) and g4-* (RTX PRO 6000) machines")
     if accelerator_type not in N1_GPU_LIMITS:
         return (f"{accelerator_type} does not attach to {machine_type}; n1-* machines take "
                 f"{', '.join(N1_GPU_LIMITS)}")
