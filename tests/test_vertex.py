@@ -248,6 +248,8 @@ def test_a_job_reads_data_from_cloud_storage_and_preflight_checks_the_object_is_
         assert vertex.stage_data(make_config("smoke", data=data), bucket, tmp_path).data == data
     hub = _data_check(gcs_bucket, make_config("smoke", data="someone/their-nli-data"))
     assert hub.status == "warn" and "downloads it from the Hugging Face hub" in hub.message
+    typo = _data_check(gcs_bucket, make_config("smoke", data=str(tmp_path / "own-pairs.jsonl")))  # no such file
+    assert typo.status == "fail" and "neither a file here nor a gs:// URI or a hub name" in typo.message
 
 
 def test_the_multinli_subset_is_staged_as_the_same_splits(gcs_bucket, tmp_path, mnli_subset):

@@ -32,14 +32,14 @@ LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun o
 # training might reduce latency."
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+# A Spot job checkpoints this often unless its config says: a preempted VM is off 30 s after its
+# notice, too soon to be sure of a last checkpoint (benchmarks/README.md weighs the interval).
+SPOT_CHECKPOINT_EVERY_MINUTES = 10
 
 
 def reduction_server_image(region: str = "us-central1") -> str:
     """Google's Reduction Server image from the multi-region nearest the job's region."""
     return REDUCTION_SERVER_IMAGE.replace("us-docker.pkg.dev", registry_host(region), 1)
-# A Spot job checkpoints this often unless its config says: a preempted VM is off 30 s after its
-# notice, too soon to be sure of a last checkpoint (benchmarks/README.md weighs the interval).
-SPOT_CHECKPOINT_EVERY_MINUTES = 10
 
 
 @dataclass(frozen=True)

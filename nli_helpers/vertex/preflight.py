@@ -34,6 +34,7 @@ from .images import (
     prebuilt_image,
     prebuilt_image_problem,
     prebuilt_image_uri,
+    registry_host,
 )
 from .pools import REDUCTION_SERVER_MACHINE_TYPE, Machine, ReductionServer
 
@@ -190,11 +191,6 @@ def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, regi
                  f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
 
 
-# Artifact Registry's multi-regions and the regions they hold
-# (https://cloud.google.com/artifact-registry/docs/repositories/repo-locations).
-REGISTRY_MULTI_REGIONS = {"us": "us-", "europe": "europe-", "asia": "asia-"}
-
-
 def registry_location(image_uri: str) -> str | None:
     """The Artifact Registry location of an image (a region or us/europe/asia), else None."""
     host = image_uri.split("/", 1)[0]
@@ -219,8 +215,8 @@ def _check_container_image(image_uri: str, region: str, machine: Machine) -> Che
         notes.append(f"a {build.tag} build needs an NVIDIA driver >= {build.min_driver}, and "
                      "Vertex AI documents no driver version for its training VMs: if the job "
                      "cannot see its GPUs, rebuild with cu126")
-    where = registry_location(image_uri)
-    if where and not (where == region or region.startswith(REGISTRY_MULTI_REGIONS.get(where, "-"))):
+    where = registry_location(image_uri)  # a region, or the multi-region nearest the job's is near
+    if where and where != region and f"{where}-docker.pkg.dev" != registry_host(region):
         notes.append(f"it lives in {where}, the job runs in {region}: every replica pulls it "
                      "across regions (slower, egress charges)")
     if notes:
@@ -245,7 +241,11 @@ def _check_data(cfg: TrainConfig) -> Check:
             return Check("data", "fail", f"data={data} does not exist: upload the data first "
                          f"({stage})")
         return Check("data", "ok", f"data={data}")
-    if data == "mnli-subset" or not Path(data).expanduser().exists():
+    path = Path(data).expanduser()
+    if not path.exists() and (path.suffix or data.startswith((".", "/", "~"))):
+        return Check("data", "fail", f"data={data} is neither a file here nor a gs:// URI or a hub "
+                     "name: pass the gs:// URI of the data, or a hub dataset name")
+    if not path.exists():  # mnli-subset or a hub dataset name
         return Check("data", "warn", f"data={data}: the job downloads it from the Hugging Face hub "
                      f"at start, which needs the job to reach the internet; {stage} to gs://")
     return Check("data", "fail", f"data={data} is a local path the Vertex worker cannot see: "
