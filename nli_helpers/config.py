@@ -246,14 +246,14 @@ RECIPE_CARDS = {
              "all 9,815 pairs of dev_matched. Offline with no MultiNLI it trains on 360 "
              "hand-written pairs.",
     "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI "
-            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 15 minutes on one L4 and 8 "
-            "on one A100, start-up included (an estimate from the arithmetic in "
-            "benchmarks/README.md: about 28 ms a step on an L4, 10 ms on an A100), for about "
-            "86-87% matched accuracy. On Vertex AI, g2-standard-8 + 1 L4 lists at about $0.98 an "
-            "hour in us-central1, so about $0.25 a run (vertex.estimate_cost prints the current "
-            "table); on Workbench, the instance's hourly price for as long as it runs. fairseq's "
-            "87.6% matched for roberta.base comes from its own 10-epoch recipe (lr 1e-5), not "
-            "this one.",
+            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 17 minutes on one L4 or "
+            "A100, start-up included: a step took 31 ms on an H200, where the host CPU launching "
+            "~1,100 kernels a step sets the pace, so a faster GPU does not shorten it, and an "
+            "L4's own work is about 28 ms (benchmarks/README.md). About 86-87% matched accuracy. "
+            "On Vertex AI, g2-standard-8 + 1 L4 lists at about $0.98 an hour in us-central1, so "
+            "about $0.30 a run (vertex.estimate_cost prints the current table); on Workbench, the "
+            "instance's hourly price for as long as it runs. fairseq's 87.6% matched for "
+            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one.",
 }
 
 

