@@ -260,3 +260,15 @@ def test_the_gpu_check_writes_its_report_to_cloud_storage(gcs_bucket, tmp_path):
     gpu_check.run_all(["a"], fake_run, report, uri)  # rewritten after the run, as a local file would be
     saved = json.loads(download(uri, tmp_path / "report.json").read_text())
     assert saved["pending"] == [] and saved["runs"]["a"]["examples_per_s"] == 10.0
+
+
+def test_the_short_runs_table_runs_the_notebooks_recipe(mnli_subset, capsys):
+    spec = importlib.util.spec_from_file_location("short_runs", ROOT / "benchmarks" / "short_runs.py")
+    short_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(short_runs)
+    assert short_runs.seeds("0-2") == [0, 1, 2] and short_runs.seeds("3,42") == [3, 42]
+    assert short_runs.main(["--recipes", "capped", "--seeds", "0", "--pairs", "64"]) == 0
+    row = json.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith('{"recipe"')))
+    # the capped recipe: two epochs at 2e-4 over the 64 pairs, in batches of 32
+    assert (row["epochs"], row["learning_rate"], row["steps"], row["pairs"]) == (2, 2e-4, 4, 64)
+    assert 0 <= row["accuracy"] <= 1 and 0 < row["majority"] < 1

@@ -134,6 +134,15 @@ def test_smoke_cap_caps_only_what_is_unset_and_only_on_smoke(monkeypatch):
     assert (full.max_train_samples, full.max_eval_samples) == (None, None)
 
 
+def test_a_capped_smoke_run_on_real_pairs_takes_the_short_run_recipe():
+    capped = make_config("smoke", data="real.jsonl", smoke_cap=1024)
+    assert (capped.epochs, capped.learning_rate, capped.batch_size) == (2, 2e-4, 32)
+    assert make_config("smoke", data="real.jsonl").epochs == 1  # uncapped: one epoch at 1e-4
+    assert make_config("smoke", data="real.jsonl", smoke_cap=1024, epochs=3).epochs == 3  # yours wins
+    sample = make_config("smoke", data="sample", smoke_cap=1024)  # the sample keeps its own recipe
+    assert (sample.epochs, sample.learning_rate) == (6, 2e-4)
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("learning_rate", "inf", "learning_rate=inf must be a finite number"),
     ("max_grad_norm", "nan", "max_grad_norm=nan must be a finite number"),  # nan used to mean "no clipping"

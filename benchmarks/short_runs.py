@@ -1,0 +1,86 @@
+"""Do the notebooks' short smoke runs learn for every seed? One row per recipe, one column per seed.
+
+Each run is `run_training` on `mnli-subset` (real MultiNLI pairs: ../shared/data or the Hugging Face hub's cache),
+capped at `--pairs` training pairs, with the premise split, the classifier head and the data order drawn from the
+seed; it prints the held-out accuracy and its margin over the majority class of that seed's split:
+
+    python benchmarks/short_runs.py                                  # the table of benchmarks/README.md, ~9 minutes
+    python benchmarks/short_runs.py --recipes capped --seeds 0-9     # the notebooks' recipe on ten seeds
+    python benchmarks/short_runs.py --out runs/short_runs.jsonl      # one JSON line per run as well
+
+Recipes: `capped` is what `make_config(..., smoke_cap=N)` gives on real pairs (`PROFILE_DEFAULTS["smoke_capped"]`);
+the others are the one-epoch runs it replaced and the two ends of notebook 05's learning-rate sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECIPES = {
+    "one_epoch_2e-4": {"epochs": 1, "learning_rate": 2e-4},
+    "one_epoch_1e-4_2000": {"epochs": 1, "learning_rate": 1e-4, "pairs": 2000},
+    "capped": {},  # the smoke_capped recipe itself: nothing overridden
+    "capped_1e-4": {"learning_rate": 1e-4},
+    "capped_3e-4": {"learning_rate": 3e-4},
+}
+
+
+def seeds(text: str) -> list[int]:
+    """'0-4' or '0,3,42'."""
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, from {', '.join(RECIPES)}")
+    parser.add_argument("--seeds", default="0-4", type=seeds, help="'0-4' or '0,3,42' (default 0-4)")
+    parser.add_argument("--pairs", type=int, default=1024, help="training pairs of a run (default 1,024)")
+    parser.add_argument("--out", default=None, help="append one JSON line per run to this file")
+    args = parser.parse_args(argv)
+    unknown = set(args.recipes.split(",")) - set(RECIPES)
+    if unknown:
+        parser.error(f"unknown recipe {', '.join(sorted(unknown))}: choose from {', '.join(RECIPES)}")
+    from nli_helpers.config import make_config
+    from nli_helpers.task import run_training
+
+    table: dict[str, dict[int, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="short-runs-") as tmp:
+        for seed in args.seeds:
+            for name in args.recipes.split(","):
+                overrides = dict(RECIPES[name])
+                pairs = overrides.pop("pairs", args.pairs)
+                cfg = make_config("smoke", data="mnli-subset", smoke_cap=pairs, max_eval_samples=512, seed=seed,
+                                  progress=False, job_dir=f"{tmp}/{name}-{seed}", **overrides)
+                start = time.perf_counter()
+                metrics = run_training(cfg, verbose=False).metrics
+                accuracy = metrics["validation_matched"]["accuracy"]
+                majority = metrics["majority_baseline"]["validation_matched"]
+                row = {"recipe": name, "seed": seed, "pairs": pairs, "epochs": cfg.epochs,
+                       "learning_rate": cfg.learning_rate, "steps": metrics["train"]["steps"],
+                       "accuracy": accuracy, "majority": majority, "held_out": metrics["validation_matched"]["n"],
+                       "seconds": round(time.perf_counter() - start, 1), "precision": metrics["precision"]}
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as out:
+                        out.write(json.dumps(row) + "\n")
+                table.setdefault(f"{name} ({row['steps']} steps)", {})[seed] = f"{accuracy:.3f} ({accuracy - majority:+.3f})"
+    print("| recipe | " + " | ".join(f"seed {s}" for s in args.seeds) + " |")
+    print("| --- |" + " --- |" * len(args.seeds))
+    for name, by_seed in table.items():
+        print(f"| {name} | " + " | ".join(by_seed[s] for s in args.seeds) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
