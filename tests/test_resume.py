@@ -51,7 +51,7 @@ def uninterrupted(dropout_model, tmp_path_factory):
     return read(job)
 
 
-def start_and_interrupt(job: Path, model: str, sig: int) -> tuple[int, str]:
+def start_and_interrupt(job: Path, model: str, sig: int, env: dict | None = None) -> tuple[int, str]:
     """Start training, wait for a random number of checkpoints, then send `sig` at a random moment.
 
     Returns the exit code and stderr.
@@ -59,7 +59,7 @@ def start_and_interrupt(job: Path, model: str, sig: int) -> tuple[int, str]:
     log = job.parent / "stderr.log"
     with open(log, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args(job, model)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=stderr)
+                                stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, **(env or {})})
         _interrupt(proc, job, sig)
     return proc.returncode, log.read_text()
 
@@ -100,6 +100,29 @@ def test_interrupted_run_resumes_to_the_same_curve_and_metrics(sig, dropout_mode
     for split in ("validation_matched", "validation_mismatched"):
         assert metrics[split]["confusion_matrix"] == want_metrics[split]["confusion_matrix"]
     assert [e["step"] for e in metrics["eval_history"]] == [e["step"] for e in want_metrics["eval_history"]]
+
+
+def test_a_tiny_random_run_killed_and_resumed_in_a_new_process_ends_as_an_uninterrupted_one(tmp_path):
+    """`--model_name tiny-random` builds the same vocabulary and weights in every process: here each process has a
+    cache of its own and another hash seed, so each builds it anew. Before, its WordPiece vocabulary was trained in
+    every process and came out different, so a resumed run was refused as "the training pairs ... changed"."""
+    def own(name: str, hash_seed: int) -> dict:
+        return {"NLI_CACHE_DIR": str(tmp_path / f"cache-{name}"), "PYTHONHASHSEED": str(hash_seed)}
+
+    whole = run_task(*args(tmp_path / "whole", "tiny-random"), env=own("whole", 1))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    job = tmp_path / "job"
+    returncode, stderr = start_and_interrupt(job, "tiny-random", signal.SIGKILL, env=own("killed", 2))
+    assert returncode == -signal.SIGKILL, stderr[-2000:]
+    resumed = run_task(*args(job, "tiny-random", "--resume", "auto"), env=own("resumed", 3))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resum" in resumed.stdout.lower() and "starting fresh" not in resumed.stdout
+    (history, metrics), (want_history, want_metrics) = read(job), read(tmp_path / "whole")
+    assert [r["loss"] for r in history] == [r["loss"] for r in want_history]
+    for split in ("validation_matched", "validation_mismatched"):
+        assert metrics[split]["confusion_matrix"] == want_metrics[split]["confusion_matrix"]
+    caches = [next((tmp_path / f"cache-{n}" / "tiny-random").glob("*/vocab.txt")) for n in ("whole", "resumed")]
+    assert caches[0].read_bytes() == caches[1].read_bytes() and caches[0].parent.name == caches[1].parent.name
 
 
 def test_resume_auto_without_checkpoints_starts_fresh_and_refuses_changed_settings(dropout_model, tmp_path):
