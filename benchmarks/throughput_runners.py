@@ -52,14 +52,14 @@ class BatchCounter:
     def __init__(self, model: torch.nn.Module, warmup: int = 0):
         self.rows = self.padded_tokens = self.calls = 0
         self.warmup = warmup
-        self._real = None  # a device tensor: the real tokens of the counted calls
+        self._real, self._unmasked = None, 0  # real tokens: a device tensor (masked calls), an int
         self.first_forward: float | None = None
         self.first_forward_cpu = 0.0
         model.register_forward_pre_hook(torch.compiler.disable(self._hook), with_kwargs=True)
 
     @property
     def real_tokens(self) -> int:
-        return int(self._real) if self._real is not None else 0
+        return self._unmasked + (int(self._real) if self._real is not None else 0)
 
     def _hook(self, module, args, kwargs):
         if not module.training:
@@ -75,8 +75,10 @@ class BatchCounter:
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.rows += int(ids.shape[0])
         self.padded_tokens += int(ids.numel())
-        real = mask.sum() if mask is not None else torch.tensor(ids.numel(), device=ids.device)
-        self._real = real if self._real is None else self._real + real
+        if mask is None:
+            self._unmasked += int(ids.numel())
+        else:
+            self._real = mask.sum() if self._real is None else self._real + mask.sum()
         return None
 
 

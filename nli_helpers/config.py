@@ -18,6 +18,7 @@ import math
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import mnli
@@ -31,6 +32,12 @@ class NLIError(Exception):
 
 class ConfigError(NLIError, ValueError):
     """A hyperparameter or path in `TrainConfig` is invalid."""
+
+
+def cache_dir() -> Path:
+    """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache, the tiny test model and the image
+    stand-in's venvs. Never evicted; safe to delete."""
+    return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
 PROFILES = ("smoke", "full")

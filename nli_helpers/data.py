@@ -40,6 +40,7 @@ from tokenizers import Tokenizer
 
 from . import mnli
 from .config import LABELS, ConfigError, NLIError
+from .config import cache_dir as package_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -588,9 +589,8 @@ def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
 
 
 def token_cache_dir() -> Path:
-    """$NLI_CACHE_DIR/tokens, else ~/.cache/nli-helpers/tokens. Never evicted; safe to delete."""
-    root = os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers"
-    return Path(root) / "tokens"
+    """`config.cache_dir()`/tokens. Never evicted; safe to delete."""
+    return package_cache_dir() / "tokens"
 
 
 def cache_key(split, tokenizer, max_length: int) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -26,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from .config import NLIError
+from .config import NLIError, cache_dir
 from .data import LABEL2ID, LABELS, SAMPLE_PATH
 
 ID2LABEL = dict(enumerate(LABELS))
@@ -70,13 +69,11 @@ def tiny_vocab(texts: Iterable[str], size: int = 2000) -> list[str]:
 @lru_cache(maxsize=1)
 def tiny_random_path() -> Path:
     """The tiny untrained BERT and its word-piece tokenizer of the sample, written once per
-    machine into the cache ($NLI_CACHE_DIR, else ~/.cache/nli-helpers) under a name that hashes
-    what it is made of: every process (a run resumed after a kill, each torchrun rank) loads the
-    same ids and the same weights. Where the cache cannot be written, a temporary folder of this
-    process's own, with the same bytes."""
+    machine into `config.cache_dir()` under a name that hashes what it is made of: every process
+    (a run resumed after a kill, each torchrun rank) loads the same ids and the same weights.
+    Where the cache cannot be written, a temporary folder of this process's own."""
     key = hashlib.sha256(SAMPLE_PATH.read_bytes() + TINY_RECIPE.encode()).hexdigest()[:16]
-    cache = os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers"
-    root = Path(cache) / "tiny-random"
+    root = cache_dir() / "tiny-random"
     out = root / key
     if (out / "model.safetensors").is_file():
         return out

@@ -29,7 +29,7 @@ from filelock import FileLock
 from packaging.requirements import Requirement
 
 from nli_helpers import storage
-from nli_helpers.config import NLIError, TrainConfig, make_config
+from nli_helpers.config import NLIError, TrainConfig, cache_dir, make_config
 
 CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 # What a container would not have: the checkout on the path, the notebook's venv, the data file;
@@ -165,10 +165,6 @@ class ImageVenv:
     torch: str         # the torch version installed before the sdist
     install: Install   # what `pip install <sdist>[extras]` did when the venv was built
     reused: bool       # built earlier from the same sdist content, extras, constraints and Python
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
 def sdist_digest(sdist: str | Path, *extra: bytes) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -244,3 +246,18 @@ def test_run_all_on_google_cloud_submits_nothing_without_a_yes(name):
     for source in billing:
         guard, call = YES.search(source), BILLING_CALLS.search(source)
         assert guard and guard.start() < call.start(), f"a job is submitted without asking first:\n{source}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_import_of_a_notebook_is_used(path, tmp_path):
+    """A lesson that imports what it never calls sends the learner looking for it (ruff's F401 on the code cells)."""
+    def python(line: str) -> str:  # `train??` reads `train`: keep the name, drop IPython's help
+        return line.rstrip().rstrip("?") if line.rstrip().endswith("?") else "" if ipython_only(line) else line
+
+    code = "\n\n".join("\n".join(map(python, cell.source.splitlines())) for cell in code_cells(read(path)))
+    script = tmp_path / f"{path.stem}.py"
+    script.write_text(code + "\n")
+    ruff = Path(sys.executable).with_name("ruff")
+    proc = subprocess.run([str(ruff), "check", "--no-cache", "--isolated", "--select", "F401", str(script)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]

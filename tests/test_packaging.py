@@ -43,8 +43,9 @@ def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sd
     located = packaging.run_module(python, "pip", ["show", "-f", "nli-helpers"], cwd=tmp_path).stdout
     assert "site-packages" in located and str(ROOT) not in located  # the installed copy, not the checkout
 
-    # The image carries the smoke model (the [smoke] extra): a job on the default path trains real weights.
-    cfg = make_config("smoke", max_train_samples=64, epochs=1, job_dir=str(tmp_path / "job"))
+    # The image carries the smoke model (the [smoke] extra): a job on the default path trains real weights. The
+    # data is the sample the image carries: mnli-subset found beside this checkout is not beside the installed copy.
+    cfg = make_config("smoke", data="sample", max_train_samples=64, epochs=1, job_dir=str(tmp_path / "job"))
     assert cfg.model_name == "minilm-l6"
     packaging.run_task(python, cfg, cwd=tmp_path)  # raises PackagingError with the run's stderr
     metrics = json.loads((tmp_path / "job" / "metrics.json").read_text())
