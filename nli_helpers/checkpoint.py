@@ -106,7 +106,9 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict,
                               f"({getattr(e, 'strerror', None) or e}); "
                               + (f"the previous checkpoint {Path(kept).name} is kept. " if kept else
                                  "there is no earlier checkpoint. ")
-                              + _write_hint(e)) from e
+                              + write_hint(e, root_path, _state_bytes(state)
+                                           + _state_bytes(model.state_dict()),
+                                           "--checkpoint_dir")) from e
     for old in sorted(_local_checkpoints(root_path))[:-keep] if keep > 0 else []:
         _remove(old[1])
     return str(final)
@@ -128,17 +130,46 @@ def _remove(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _write_hint(err: BaseException) -> str:
+def _state_bytes(value) -> int:
+    """Bytes of the tensors in a (nested) training state: what torch.save will write."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_state_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_state_bytes(v) for v in value)
+    return 0
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space on the disk that holds `path` (or its nearest existing parent)."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def write_hint(err: BaseException, folder: Path, needed: int, flag: str) -> str:
+    """What to do about a failed write of `needed` bytes into `folder`, for the user of `flag`.
+
+    A full disk does not always say so: torch.save's zip writer reports ENOSPC as "unexpected pos",
+    so the disk's free space is measured too."""
     code = getattr(err, "errno", None)
     full = ("No space left", "StorageFull", "File too large", "FileTooLarge", "Disk quota")
+    free = free_bytes(folder)
+    if free is not None and free < needed:
+        return (f"The disk is full: {free / 2**20:.0f} MiB free where {folder} is, and this "
+                f"needs about {needed / 2**20:.0f} MiB. Free space, or pass {flag} on another disk")
     if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(text in str(err) for text in full):
         return ("The disk is full (or a file-size or quota limit was hit): free space or pass "
-                "--checkpoint_dir elsewhere")
+                f"{flag} elsewhere")
     if code in (errno.ENOTDIR, errno.EEXIST):
-        return "A part of that path is a file, not a folder: pass --checkpoint_dir with a folder"
+        return f"A part of that path is a file, not a folder: pass {flag} with a folder"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return "That folder is not writable here: pass --checkpoint_dir with one you can write"
-    return "Pass --checkpoint_dir with a folder you can write"
+        return f"That folder is not writable here: pass {flag} with one you can write"
+    return f"Pass {flag} with a folder you can write"
 
 
 def staging_dir() -> str | None:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from email.parser import Parser
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from packaging.requirements import Requirement
 
 from nli_helpers import storage
@@ -37,6 +37,7 @@ CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 HOST_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NLI_REAL_DATA", "FORCE_COLOR",
                  "CLICOLOR_FORCE")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+KEEP_IMAGE_VENVS = 2  # the one just built and the one before it: about 4 GB
 TIMEOUT_S = 1800
 
 
@@ -186,7 +187,9 @@ def image_venv(sdist: str | Path, *, extras: str = "smoke", torch_index_url: str
 
     Built once per sdist content, extras, constraints, Python and torch index under
     cache_dir()/image-venv/, then reused (`rebuild=True` builds again). A lock keeps two processes
-    from building one venv at once; a build that did not finish is thrown away.
+    from building one venv at once; a build that did not finish is thrown away. Each is about 2 GB
+    (torch), and every code change makes a new one: building one deletes all but the newest
+    KEEP_IMAGE_VENVS.
     """
     sdist, constraints = Path(sdist), constraints_file(constraints)
     if not sdist.is_file():
@@ -210,14 +213,30 @@ def image_venv(sdist: str | Path, *, extras: str = "smoke", torch_index_url: str
         install = install_sdist(python, sdist, extras=extras, constraints=constraints)
         record.write_text(json.dumps({"sdist": sdist.name, "extras": extras, "torch": torch,
                                       "install": asdict(install)}, indent=1))
+    remove_image_venvs(keep=KEEP_IMAGE_VENVS)
     return ImageVenv(python, torch, install, reused=False)
 
 
-def remove_image_venvs() -> int:
-    folders = [p for p in (cache_dir() / "image-venv").glob("*") if p.is_dir()]
-    for folder in folders:
+def remove_image_venvs(keep: int = 0) -> int:
+    """Delete the cached image venvs but the `keep` most recently built, and what killed builds
+    left (a build under way holds its lock and is left alone); returns how many went."""
+    built, leftovers = [], []
+    for folder in (p for p in (cache_dir() / "image-venv").glob("*") if p.is_dir()):
+        record = folder / "image.json"
+        if record.is_file():
+            built.append((record.stat().st_mtime, folder))
+            continue
+        try:
+            with FileLock(str(folder) + ".lock", timeout=0):
+                leftovers.append(folder)
+        except Timeout:
+            pass
+    old = [folder for _, folder in sorted(built)]
+    old = old[:-keep] if keep else old
+    for folder in old + leftovers:
         shutil.rmtree(folder, ignore_errors=True)
-    return len(folders)
+        Path(str(folder) + ".lock").unlink(missing_ok=True)
+    return len(old) + len(leftovers)
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -208,12 +208,13 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     if verbose and resume:
         print(f"resuming from {resume_from}" if resume_from
               else f"no complete checkpoint in {root}: starting fresh")
-    # A SIGTERM after the loop must not kill the final save half-way: the loop checkpointed the
-    # final step, and the save finishes within the platform's grace period.
+    # A SIGTERM after the loop must not kill the final save half-way: the save is seconds long and
+    # finishes within the platform's grace period, so the run ends whole.
     with sigterm_requests() as late:
         result = train(cfg, model, tokenizer, tokenized, device=device, info=info,
                        callbacks=callbacks, checkpoint_root=root, resume_from=resume_from)
-        on_main_process(lambda: save_run(result, job_dir), info)  # every rank has the same weights
+        # Every rank has the same weights: one writes them.
+        on_main_process(lambda: save_run(result, job_dir, root), info)
     if late.requested and verbose:
         print(f"SIGTERM arrived during the final save{late.since()}; the run was saved whole")
     return result
@@ -242,11 +243,13 @@ def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir
                        "with a folder you can write")
 
 
-def save_run(result: TrainResult, job_dir: str) -> str:
+def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:
     """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json,
     which marks a finished run. A rerun never leaves an old metrics.json beside new weights: the
     files are written aside first (a full disk leaves the earlier run whole), the old metrics.json
     removed, the files moved in, metrics.json written last; on gs:// the old one goes first."""
+    from safetensors import SafetensorError
+
     from . import storage
 
     if storage.is_gcs_uri(job_dir):
@@ -257,15 +260,34 @@ def save_run(result: TrainResult, job_dir: str) -> str:
             _write_metrics(result, local)
     else:
         target = Path(job_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".tmp-run-", dir=target) as tmp:
-            _write_run_files(result, Path(tmp))
-            (target / "metrics.json").unlink(missing_ok=True)
-            for file in Path(tmp).iterdir():
-                os.replace(file, target / file.name)
-        _write_metrics(result, target)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=".tmp-run-", dir=target) as tmp:
+                _write_run_files(result, Path(tmp))
+                (target / "metrics.json").unlink(missing_ok=True)
+                for file in Path(tmp).iterdir():
+                    os.replace(file, target / file.name)
+            _write_metrics(result, target)
+        except (OSError, RuntimeError, SafetensorError) as e:  # a full disk is any of these
+            raise NLIError(_unsaved(result, target, checkpoint_root, e)) from e
     result.output_dir = job_dir
     return job_dir
+
+
+def _unsaved(result: TrainResult, target: Path, checkpoint_root: str | None,
+             err: BaseException) -> str:
+    """The one message for a trained model that could not be written: why, what to do, what is
+    left (the newest checkpoint, which --resume auto continues from)."""
+    from .checkpoint import latest_checkpoint, write_hint
+
+    needed = sum(t.numel() * t.element_size() for t in result.model.state_dict().values())
+    kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
+    return (f"could not write the trained model to {target} "
+            f"({getattr(err, 'strerror', None) or err}). "
+            + write_hint(err, target, needed + 2**24, "--job-dir") + ". "
+            + (f"The newest checkpoint, {kept}, is kept: run the same command again with "
+               "--resume auto to train only the steps after it" if kept else
+               "There is no checkpoint to resume from: the run must train again"))
 
 
 def _write_run_files(result: TrainResult, folder: Path) -> None:

@@ -29,6 +29,26 @@ def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeo
                           env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout)
 
 
+def on_a_small_disk(mount: Path, size_kib: int, argv: list[str], *, timeout: int = 600):
+    """Run `argv` with a real `size_kib` tmpfs mounted at `mount`, in a mount namespace of its own
+    (`unshare -rm`: no privilege needed, nothing left mounted): writes past it fail with ENOSPC as a
+    full disk's do. Skips where user namespaces are off."""
+    import shlex
+    import shutil
+    import subprocess
+
+    import pytest
+
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("a small real disk needs `unshare -rm` (user namespaces)")
+    mount.mkdir(parents=True, exist_ok=True)
+    script = (f"mount -t tmpfs -o size={size_kib}k tmpfs {shlex.quote(str(mount))} && exec "
+              + shlex.join(argv))
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                          env=dict(os.environ), cwd=ROOT, timeout=timeout)
+
+
 def write_jsonl(path: Path, rows: list, *, gz: bool = False) -> Path:
     """One line per row: a dict is written as JSON, a str as it is (to write a broken line)."""
     text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)

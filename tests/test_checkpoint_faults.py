@@ -16,6 +16,7 @@ from nli_helpers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from nli_helpers.config import NLIError
 
 
 def model(seed: int = 0) -> torch.nn.Module:
@@ -109,7 +110,7 @@ class _FakeResult:
                 raise OSError(28, "No space left on device")
             (Path(folder) / "model.safetensors").write_text("new weights")
 
-        self.model = SimpleNamespace(save_pretrained=save_pretrained)
+        self.model = SimpleNamespace(save_pretrained=save_pretrained, state_dict=dict)
         self.tokenizer = SimpleNamespace(save_pretrained=lambda folder: (Path(folder) / "tokenizer.json").write_text("t"))
         self.config, self.history, self.metrics = make_config("smoke"), [{"loss": 1.0}], {"new": True}
 
@@ -119,7 +120,7 @@ def test_a_rerun_that_fails_to_save_leaves_the_earlier_finished_run_whole(tmp_pa
 
     (tmp_path / "model.safetensors").write_text("old weights")
     (tmp_path / "metrics.json").write_text('{"old": true}')
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(NLIError, match="No space left.*The disk is full.*no checkpoint to resume"):
         save_run(_FakeResult(fail=True), str(tmp_path))
     assert (tmp_path / "metrics.json").read_text() == '{"old": true}'
     assert (tmp_path / "model.safetensors").read_text() == "old weights"

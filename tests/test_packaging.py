@@ -71,3 +71,23 @@ def test_the_check_run_trains_tiny_random_when_the_extras_leave_out_the_smoke_mo
     assert packaging.check_run_config("smoke", extras="", job_dir=job).model_name == "tiny-random"
     assert packaging.check_run_config("smoke", extras="", model_name="minilm-l6").model_name == "minilm-l6"
     assert packaging.check_run_config("full", extras="").model_name == "roberta-base"
+
+
+def test_old_image_venvs_go_but_the_newest_and_a_build_under_way_stay(tmp_path, monkeypatch):
+    import os
+
+    from filelock import FileLock
+
+    monkeypatch.setenv("NLI_CACHE_DIR", str(tmp_path))
+    venvs = tmp_path / "image-venv"
+    for age, key in enumerate(["newest", "second", "third", "killed-build", "building"]):
+        (venvs / key / "venv").mkdir(parents=True)
+        (venvs / f"{key}.lock").touch()
+        if "build" not in key:
+            (venvs / key / "image.json").write_text("{}")
+            os.utime(venvs / key / "image.json", (1e9 - age, 1e9 - age))
+    with FileLock(str(venvs / "building") + ".lock"):  # another process is building this one
+        assert packaging.remove_image_venvs(keep=packaging.KEEP_IMAGE_VENVS) == 2
+    assert sorted(p.name for p in venvs.iterdir() if p.is_dir()) == ["building", "newest", "second"]
+    assert not (venvs / "third.lock").exists()
+    assert packaging.remove_image_venvs() == 3  # notebook 03's clean-up: every finished one

@@ -1,4 +1,5 @@
-"""Faults: SIGTERM and SIGKILL mid-run, resume, non-finite loss, a full disk during a checkpoint write.
+"""Faults: SIGTERM and SIGKILL mid-run, resume, non-finite loss, a full disk (file-size limit, or a real
+small tmpfs) during a checkpoint write and during the final save.
 
 The trainer runs as a real subprocess. The model is the tiny test BERT with dropout switched back
 on, so an exact resume also needs the RNG state restored, not only weights and optimizer.
@@ -7,6 +8,7 @@ on, so an exact resume also needs the RNG state restored, not only weights and o
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import pytest
 
 from nli_helpers.checkpoint import MANIFEST, latest_checkpoint
 from nli_helpers.train import RESTARTABLE_EXIT_CODE
-from tests.helpers import ROOT, run_task
+from tests.helpers import ROOT, on_a_small_disk, run_task
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +185,48 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tiny_model_dir, tm
     assert "the previous checkpoint checkpoint-00000001 is kept. The disk is full" in result["outcome"]
     assert result["latest"].endswith("checkpoint-00000001") and result["state"] == 1
     assert result["left"] == ["checkpoint-00000001"]  # the half-written one is gone
+
+
+TORCH_SAVE_ON_A_FULL_DISK = r"""
+import json, sys
+import torch
+from nli_helpers.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from nli_helpers.model import load_model_and_tokenizer
+root = sys.argv[1]
+model, _ = load_model_and_tokenizer(sys.argv[2])
+save_checkpoint(root, 1, model, {"step": 1}, keep=2)
+try:  # the weights fit; torch.save's 8 MiB do not, and its zip writer says only "unexpected pos"
+    save_checkpoint(root, 2, model, {"step": 2, "moments": torch.zeros(2**21)}, keep=2)
+    print(json.dumps({"outcome": "written"}))
+except CheckpointError as e:
+    print(json.dumps({"outcome": str(e), "latest": latest_checkpoint(root)}))
+"""
+
+
+def test_a_full_disk_that_torch_save_does_not_name_is_still_called_full(tiny_model_dir, tmp_path):
+    disk = tmp_path / "disk"
+    proc = on_a_small_disk(disk, 4096, [sys.executable, "-c", TORCH_SAVE_ON_A_FULL_DISK, str(disk / "ckpt"),
+                                         tiny_model_dir], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "could not write checkpoint checkpoint-00000002" in result["outcome"], result
+    assert "the previous checkpoint checkpoint-00000001 is kept. The disk is full: " in result["outcome"]
+    assert re.search(r"\d+ MiB free where .* needs about (8|9) MiB", result["outcome"]), result["outcome"]
+    assert result["latest"].endswith("checkpoint-00000001")
+
+
+def test_a_full_disk_at_the_final_save_is_one_message_and_resume_finishes_the_run(tiny_model_dir, tmp_path):
+    disk, checkpoints = tmp_path / "disk", tmp_path / "checkpoints"
+    command = [sys.executable, "-m", "nli_helpers.task", *args(disk / "job", tiny_model_dir),
+               "--checkpoint_dir", str(checkpoints)]
+    full = on_a_small_disk(disk, 64, command)
+    assert full.returncode == 2, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    error = full.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: could not write the trained model to {disk / 'job'}"), error
+    assert "The disk is full: " in error and "pass --job-dir on another disk" in error
+    kept = latest_checkpoint(str(checkpoints))
+    assert kept and f"The newest checkpoint, {kept}, is kept" in error
+    resumed = on_a_small_disk(disk, 64 * 1024, [*command, "--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {kept}" in resumed.stdout + resumed.stderr
