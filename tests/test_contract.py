@@ -1,0 +1,342 @@
+"""The trainer command's contract (README, "The trainer command's contract"), drawn rather than listed.
+
+`python -m nli_helpers.task` ends in one of three ways: exit 0 with a whole result; exit 2 with one `error:` line
+that names the input and what to do; or, on a signal, the documented codes. Never a traceback, never a result
+that looks finished but is not, never an earlier result lost.
+
+hypothesis draws hostile combinations: flags and their values, data files (formats, encodings, schemas, sizes,
+label sets, damaged bytes), model folders (missing parts, a vocabulary smaller than the tokenizer's, too few
+positions), job dirs (a file, a finished run, damaged checkpoints, names the OS refuses), and runs the command's
+`main` in this process on the tiny model (the interpreter start is the only difference from a shell). A second
+test draws a signal and a moment across a real subprocess run, then checks that `--resume auto` ends exactly as
+an uninterrupted run.
+
+`make test` draws 30 command lines and 2 signals (about a minute on one core); the long setting, `make fuzz`
+(README), draws NLI_FUZZ_EXAMPLES of each. A case hypothesis found stays as a plain test where its code is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+
+from tests.helpers import ROOT, ROWS
+
+FINISHED = ("metrics.json", "model.safetensors")
+ERROR_LINE = re.compile(r"^(\S+: )?error: \S")  # ours, or argparse's "task.py: error: ..."
+# Every documented way for a signal to end the command (README): 134 (checkpoint written: Vertex AI retries it),
+# 143 (nothing to checkpoint to), 130 (Ctrl-C), or killed by the signal itself before the handlers were in.
+SIGNAL_ENDINGS = {0, 130, 134, 143, -signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
+
+
+# -- the inputs ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """Model folders, a finished run to rerun into, and a job dir with damaged checkpoints: built once."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from nli_helpers.model import tiny_random_path
+
+    base = tmp_path_factory.mktemp("contract")
+    tiny = tiny_random_path()
+    models = {"tiny": str(tiny), "missing": str(base / "no-such-model"), "hub-like": "not-a/real-model-name"}
+    for name in ("empty", "no-weights", "truncated-weights", "no-tokenizer", "small-vocab", "few-positions",
+                 "bad-config"):
+        folder = base / "models" / name
+        shutil.copytree(tiny, folder) if name != "empty" else folder.mkdir(parents=True)
+        models[name] = str(folder)
+    (base / "models/no-weights/model.safetensors").unlink()
+    weights = base / "models/truncated-weights/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for file in (base / "models/no-tokenizer").glob("*"):
+        if file.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            file.unlink()
+    (base / "models/bad-config/config.json").write_text("{not json")
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    small = AutoModelForSequenceClassification.from_pretrained(tiny, num_labels=3)
+    small.resize_token_embeddings(len(tokenizer) - 20)  # ids past the end of the embedding table
+    small.save_pretrained(base / "models/small-vocab")
+    config = AutoConfig.from_pretrained(tiny, max_position_embeddings=12, num_labels=3)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(base / "models/few-positions")
+    tokenizer.model_max_length = int(1e30)  # names no limit, as many tokenizers saved by hand do
+    tokenizer.save_pretrained(base / "models/few-positions")
+
+    finished = base / "finished"
+    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--epochs", "1", "--max_train_samples",
+                           "32", "--batch_size", "8", "--precision", "fp32", "--job-dir", str(finished)])
+    assert rc == 0, err
+    damaged = base / "damaged-checkpoints"
+    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--epochs", "2", "--max_train_samples",
+                           "32", "--batch_size", "8", "--precision", "fp32", "--job-dir", str(damaged)])
+    assert rc == 0, err
+    for checkpoint in sorted((damaged / "checkpoints").glob("checkpoint-*")):
+        state = checkpoint / "training_state.pt"
+        state.write_bytes(state.read_bytes()[:100])
+    for name in FINISHED:
+        (damaged / name).unlink()
+    return {"base": base, "models": models, "finished": finished, "damaged": damaged}
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """What `python -m nli_helpers.task ARGV` does, in this process: (exit code, stdout, stderr)."""
+    from nli_helpers import task
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = task.main(argv)
+        except SystemExit as e:  # argparse: --help, or a flag it cannot parse
+            code = e.code if isinstance(e.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
+texts = st.one_of(st.sampled_from(["a man walks", "someone is outside", "  ", "", "\u00e9t\u00e9 \u2603", "a" * 300]),
+                  st.text(max_size=20), st.none(), st.integers(-2, 2), st.lists(st.integers(), max_size=2))
+labels = st.one_of(st.sampled_from([0, 1, 2, "entailment", "neutral", "contradiction"]),
+                   st.sampled_from([-1, "-", "", None, 3, "yes", 1.5, True, "Entailment", " neutral", "nan"]))
+
+
+@st.composite
+def data_files(draw, folder: Path, hostile: bool) -> str:
+    """A path or name for --data. Safe: the sample, or a file of good rows in a format and encoding the loader
+    takes. Hostile: drawn rows (odd values, missing columns, one label), formats, encodings and damage."""
+    kind = draw(st.sampled_from(["file"] * 6 + ["sample", "missing", "empty-dir", "split-dir"] if hostile else
+                                ["file", "file", "sample", "split-dir"]))
+    if kind == "sample":
+        return "sample"
+    if kind == "missing":
+        return str(folder / "no-such-file.jsonl")
+    if kind == "empty-dir":
+        (folder / "data").mkdir()
+        return str(folder / "data")
+    rows = [dict(r) for r in ROWS[: draw(st.integers(0 if hostile else 24, len(ROWS)))]]
+    fmt = draw(st.sampled_from(["jsonl", "json", "csv", "tsv", "parquet", "jsonl.gz"] + ["txt"] * hostile))
+    encoding, damage = "utf-8", "none"
+    if hostile:
+        for row in rows:  # a few values made hostile
+            if draw(st.integers(0, 9)) == 0:
+                row[draw(st.sampled_from(["premise", "hypothesis", "label"]))] = draw(
+                    texts if draw(st.booleans()) else labels)
+        if draw(st.integers(0, 4)) == 0:
+            gone = draw(st.sampled_from(["label", "premise"]))
+            rows = [{k: v for k, v in row.items() if k != gone} for row in rows]
+        if draw(st.integers(0, 5)) == 0:
+            rows = [{**row, "label": "neutral"} for row in rows]
+        encoding = draw(st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "latin-1"]))
+        damage = draw(st.sampled_from(["none", "truncate", "flip", "garbage", "empty"]))
+    if draw(st.integers(0, 4)) == 0:  # raw MultiNLI's columns
+        rows = [{"sentence1": r.get("premise"), "sentence2": r.get("hypothesis"), "gold_label": r.get("label"),
+                 "genre": draw(st.sampled_from(["fiction", "telephone", "facetoface"]))} for r in rows]
+    event(f"data: {kind} {fmt} {encoding} {damage}")
+    target = (folder / "split" / f"train.{fmt}") if kind == "split-dir" else (folder / f"pairs.{fmt}")
+    target.parent.mkdir(exist_ok=True)
+    try:
+        payload = encode(rows, fmt, encoding)
+    except (ValueError, TypeError, UnicodeError, OverflowError, ImportError) as e:  # pandas cannot write it
+        event(f"unwritable as {fmt}: {type(e).__name__}")
+        payload = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+    if damage == "truncate":
+        payload = payload[: len(payload) * 2 // 3]
+    elif damage == "flip" and payload:
+        at = draw(st.integers(0, len(payload) - 1))
+        payload = payload[:at] + bytes([payload[at] ^ 0xFF]) + payload[at + 1:]
+    elif damage == "garbage":
+        payload += draw(st.binary(min_size=1, max_size=16))
+    elif damage == "empty":
+        payload = b""
+    target.write_bytes(payload)
+    return str(target.parent if kind == "split-dir" else target)
+
+
+def encode(rows: list[dict], fmt: str, encoding: str) -> bytes:
+    import pandas as pd
+
+    if fmt in ("jsonl", "txt", "jsonl.gz"):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        data = text.encode(encoding, errors="replace")
+        return gzip.compress(data) if fmt == "jsonl.gz" else data
+    if fmt == "json":
+        return json.dumps(rows, ensure_ascii=False).encode(encoding, errors="replace")
+    frame = pd.DataFrame(rows)
+    if fmt == "parquet":
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer)
+        return buffer.getvalue()
+    return frame.to_csv(index=False, sep="\t" if fmt == "tsv" else ",").encode(encoding, errors="replace")
+
+
+FLAGS = {  # flag -> (sane values, hostile values: edges and nonsense)
+    "--epochs": ([1, 2], [0, -1, 1.5, "x", "nan", ""]),
+    "--batch_size": ([4, 8, 1, 3], [0, -3, 10**6, "four"]),
+    "--learning_rate": ([2e-4, 1e-3, 0], [-1, "nan", "inf", 1e30]),
+    "--max_length": ([32, 64, 16, 8], [0, 1, 3, 4, 600, 10**6, -4]),
+    "--max_train_samples": ([16, 48, 2, 5], [0, 1, -1]),
+    "--max_eval_samples": ([8, 1], [0, -1]),
+    "--eval_fraction": ([0.2, 0.5], [0, 1, 1.5, -0.1, "nan"]),
+    "--fraction_of_train_data": ([0.5, 1], [0, 2, -1]),
+    "--grad_accum_steps": ([1, 2, 3], [0, -1]),
+    "--warmup_ratio": ([0, 0.1, 1], [2, -0.5]),
+    "--weight_decay": ([0, 0.1], [-1, "inf"]),
+    "--max_grad_norm": ([1, 0], [-1, "nan"]),
+    "--precision": (["fp32", "auto"], ["bf16", "fp16", "int8"]),
+    "--seed": ([0, 7, 2**31], [-1, 2**70]),
+    "--log_every": ([1, 5], [0, -2]),
+    "--eval_every": ([0, 2], [-1]),
+    "--checkpoint_every": ([0, 1, 3], [-1]),
+    "--keep_checkpoints": ([0, 1, 2], [-1]),
+    "--eval_batch_size": ([8, 3], [0, -1]),
+    "--resume": (["auto"], ["no-such-checkpoint", ""]),
+    "--unknown-flag": ([], [1]),
+}
+MODELS = ("missing", "hub-like", "empty", "no-weights", "truncated-weights", "no-tokenizer", "small-vocab",
+          "few-positions", "bad-config")
+
+
+@st.composite
+def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str, bytes]]:
+    """A drawn command line, the job dir it writes, and the finished result already there (name -> bytes).
+
+    Each part (data, model, job dir, flags) is hostile in one case of four, so about a third of the cases are
+    wholly sane and must train: the contract's first clause is tested as often as the others."""
+    hostile = {part: draw(st.integers(0, 3)) == 0 for part in ("data", "model", "job", "flags")}
+    job_kind = draw(st.sampled_from(["file", "under-file", "long-name", "damaged"] if hostile["job"]
+                                    else ["fresh", "fresh", "finished"]))
+    event(f"job dir: {job_kind}")
+    job = folder / "job"
+    if job_kind == "finished":
+        shutil.copytree(world["finished"], job)
+    elif job_kind == "damaged":
+        shutil.copytree(world["damaged"], job)
+    elif job_kind in ("file", "under-file"):
+        job.write_text("not a folder")
+        job = job / "sub" if job_kind == "under-file" else job
+    elif job_kind == "long-name":
+        job = folder / ("x" * 300) / "job"  # ENAMETOOLONG from mkdir, after every permission check
+    before = {n: (job / n).read_bytes() for n in FINISHED if job_kind == "finished"}
+
+    model = draw(st.sampled_from(MODELS)) if hostile["model"] else "tiny"
+    event(f"model: {model}")
+    argv = ["--data", draw(data_files(folder, hostile["data"])), "--model-name", world["models"][model],
+            "--job-dir", str(job), "--no-progress", "--epochs", "1", "--max_train_samples", "48",
+            "--batch_size", "8", "--max_length", "64", "--precision", "fp32"]
+    for flag in draw(st.lists(st.sampled_from(sorted(FLAGS)), max_size=4, unique=True)):
+        sane, bad = FLAGS[flag]
+        values = sane + bad if hostile["flags"] else sane
+        if values:  # later flags win: each overrides the safe default above
+            argv += [flag, str(draw(st.sampled_from(values)))]
+    return argv, job, before
+
+
+# -- the contract -------------------------------------------------------------------------------------------------
+def assert_contract(code: int, out: str, err: str, job: Path, before: dict[str, bytes]) -> None:
+    assert code in (0, 2), f"exit {code}: only 0 or 2 without a signal\n{err[-3000:]}"
+    assert "Traceback" not in out + err, err[-5000:]
+    if code == 2:
+        lines = [line for line in err.splitlines() if line.strip()]
+        errors = [i for i, line in enumerate(lines) if ERROR_LINE.match(line)]
+        # One error: line, at the end; a list of several bad settings may follow it, indented.
+        assert len(errors) == 1 and all(line.startswith("  ") for line in lines[errors[0] + 1:]), (
+            f"not one error: line at the end:\n{err[-3000:]}")
+        errors = [lines[errors[0]]]
+        event(f"error: {re.sub(r'[0-9/].*', '', errors[0].split('error: ', 1)[1])[:60]}")
+        if before:  # an earlier finished result is kept, byte for byte
+            assert {n: (job / n).read_bytes() for n in before} == before
+        else:
+            assert not exists(job / "metrics.json"), "a failed run left a metrics.json"
+        return
+    event("exit 0")
+    metrics = json.loads((job / "metrics.json").read_text())
+    assert (job / "model.safetensors").stat().st_size > 0 and (job / "train_config.json").is_file()
+    scored = [v for k, v in metrics.items() if isinstance(v, dict) and "accuracy" in v]
+    assert scored, f"metrics.json scores no split: {sorted(metrics)}"
+    for split in scored:
+        assert 0 <= split["accuracy"] <= 1 and not math.isnan(split["accuracy"])
+
+
+def exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up
+        return False
+
+
+def drawn(cases: int) -> settings:
+    """`cases` in `make test`; NLI_FUZZ_EXAMPLES each in the long setting (`make fuzz`)."""
+    return settings(max_examples=int(os.environ.get("NLI_FUZZ_EXAMPLES", 0)) or cases, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@drawn(30)
+@given(case=st.data())
+def test_the_command_keeps_its_contract_for_any_drawn_input(world, case):
+    with tempfile.TemporaryDirectory(dir=world["base"]) as tmp:
+        argv, job, before = case.draw(commands(world, Path(tmp)))
+        note(" ".join(argv))
+        code, out, err = run_main(argv)
+        note(err[-3000:])
+        assert_contract(code, out, err, job, before)
+
+
+# -- signals at any moment, then --resume auto ----------------------------------------------------------------------
+RUN = ["--profile", "smoke", "--data", "sample", "--model-name", "tiny-random", "--epochs", "2", "--batch_size", "8",
+       "--max_train_samples", "64", "--precision", "fp32", "--checkpoint_every", "1", "--keep_checkpoints", "2",
+       "--log_every", "1", "--no-progress"]
+
+
+def task(job: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nli_helpers.task", *RUN, "--job-dir", str(job), *extra]
+
+
+def outcome(job: Path) -> tuple[list, dict]:
+    history = [json.loads(line)["loss"] for line in (job / "history.jsonl").read_text().splitlines()]
+    metrics = json.loads((job / "metrics.json").read_text())
+    return history, {k: v["confusion_matrix"] for k, v in metrics.items() if isinstance(v, dict)
+                     and "confusion_matrix" in v}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[tuple, float]:
+    job = tmp_path_factory.mktemp("uninterrupted") / "job"
+    start = time.monotonic()
+    proc = subprocess.run(task(job), capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return outcome(job), time.monotonic() - start
+
+
+@drawn(2)
+@given(sig=st.sampled_from([signal.SIGKILL, signal.SIGTERM, signal.SIGINT]), moment=st.floats(0.0, 1.0))
+def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninterrupted, tmp_path_factory, sig,
+                                                                         moment):
+    want, seconds = uninterrupted
+    job = tmp_path_factory.mktemp("signalled") / "job"
+    proc = subprocess.Popen(task(job), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    time.sleep(moment * seconds)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=600)
+    event(f"{signal.Signals(sig).name} -> exit {proc.returncode}")
+    assert proc.returncode in SIGNAL_ENDINGS, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    if proc.returncode != 0:
+        assert not (job / "metrics.json").exists()
+    resumed = subprocess.run(task(job, "--resume", "auto"), capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert outcome(job) == want
+    shutil.rmtree(job.parent, ignore_errors=True)
