@@ -12,7 +12,7 @@ test draws a signal and a moment across a real subprocess run, then checks that 
 an uninterrupted run.
 
 `make test` draws 30 command lines and 2 signals (about a minute on one core); the long setting, `make fuzz`
-(README), draws NLI_FUZZ_EXAMPLES of each. A case hypothesis found stays as a plain test where its code is tested.
+(README), draws NLI_FUZZ_EXAMPLES command lines and a 25th as many signals. A case hypothesis found stays as a plain test where its code is tested.
 """
 
 from __future__ import annotations
@@ -278,10 +278,11 @@ def exists(path: Path) -> bool:
         return False
 
 
-def drawn(cases: int) -> settings:
-    """`cases` in `make test`; NLI_FUZZ_EXAMPLES each in the long setting (`make fuzz`)."""
-    return settings(max_examples=int(os.environ.get("NLI_FUZZ_EXAMPLES", 0)) or cases, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def drawn(cases: int, share: int = 1) -> settings:
+    """`cases` in `make test`; NLI_FUZZ_EXAMPLES // `share` in the long setting (`make fuzz`)."""
+    long = int(os.environ.get("NLI_FUZZ_EXAMPLES", 0)) // share
+    return settings(max_examples=max(long, 1) if long or "NLI_FUZZ_EXAMPLES" in os.environ else cases,
+                    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @drawn(30)
@@ -321,7 +322,7 @@ def uninterrupted(tmp_path_factory) -> tuple[tuple, float]:
     return outcome(job), time.monotonic() - start
 
 
-@drawn(2)
+@drawn(2, share=25)  # a real run and its resume: 25 times a drawn command line
 @given(sig=st.sampled_from([signal.SIGKILL, signal.SIGTERM, signal.SIGINT]), moment=st.floats(0.0, 1.0))
 def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninterrupted, tmp_path_factory, sig,
                                                                          moment):
