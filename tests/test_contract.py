@@ -1,18 +1,19 @@
-"""The trainer command's contract (README, "The trainer command's contract"), drawn rather than listed.
+"""The trainer command's contract (README, "The command's contract"), drawn rather than listed.
 
 `python -m nli_helpers.task` ends in one of three ways: exit 0 with a whole result; exit 2 with one `error:` line
 that names the input and what to do; or, on a signal, the documented codes. Never a traceback, never a result
 that looks finished but is not, never an earlier result lost.
 
 hypothesis draws hostile combinations: flags and their values, data files (formats, encodings, schemas, sizes,
-label sets, damaged bytes), model folders (missing parts, a vocabulary smaller than the tokenizer's, too few
-positions), job dirs (a file, a finished run, damaged checkpoints, names the OS refuses), and runs the command's
-`main` in this process on the tiny model (the interpreter start is the only difference from a shell). A second
-test draws a signal and a moment across a real subprocess run, then checks that `--resume auto` ends exactly as
-an uninterrupted run.
+label sets, damaged bytes), model folders (missing parts, a vocabulary larger than the embedding table, too few
+positions), job dirs (a file, a finished run, a killed run's checkpoints damaged in drawn ways, names the file
+system refuses), and runs the command's `main` in this process on the tiny model (the interpreter start is the
+only difference from a shell). A second test draws a signal and a moment across a real subprocess run, then
+checks that `--resume auto` ends exactly as an uninterrupted run.
 
 `make test` draws 30 command lines and 2 signals (about a minute on one core); the long setting, `make fuzz`
-(README), draws NLI_FUZZ_EXAMPLES command lines and a 25th as many signals. A case hypothesis found stays as a plain test where its code is tested.
+(README), draws NLI_FUZZ_EXAMPLES command lines and a 25th as many signals. A case hypothesis found stays as a
+plain test where its code is tested (tests/test_hostile_inputs.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from hypothesis import strategies as st
 from tests.helpers import ROOT, ROWS
 
 FINISHED = ("metrics.json", "model.safetensors")
+# What every drawn command starts from; drawn flags come after, and override.
+DEFAULTS = ["--no-progress", "--epochs", "1", "--max_train_samples", "48", "--batch_size", "8", "--max_length", "64",
+            "--eval_fraction", "0.3", "--precision", "fp32"]
+CHECKPOINT_DAMAGE = ("none", "truncated state", "flipped weights", "no manifest", "garbage manifest", "no weights")
 ERROR_LINE = re.compile(r"^(\S+: )?error: \S")  # ours, or argparse's "task.py: error: ..."
 # Every documented way for a signal to end the command (README): 134 (checkpoint written: Vertex AI retries it),
 # 143 (nothing to checkpoint to), 130 (Ctrl-C), or killed by the signal itself before the handlers were in.
@@ -83,16 +88,14 @@ def world(tmp_path_factory) -> dict:
     rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--epochs", "1", "--max_train_samples",
                            "32", "--batch_size", "8", "--precision", "fp32", "--job-dir", str(finished)])
     assert rc == 0, err
-    damaged = base / "damaged-checkpoints"
-    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--epochs", "2", "--max_train_samples",
-                           "32", "--batch_size", "8", "--precision", "fp32", "--job-dir", str(damaged)])
-    assert rc == 0, err
-    for checkpoint in sorted((damaged / "checkpoints").glob("checkpoint-*")):
-        state = checkpoint / "training_state.pt"
-        state.write_bytes(state.read_bytes()[:100])
+    # A run killed after its last checkpoint, with the drawn commands' defaults: `--resume auto` continues it.
+    killed = base / "killed"
+    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--job-dir", str(killed), *DEFAULTS,
+                           "--checkpoint_every", "2", "--keep_checkpoints", "3"])
+    assert rc == 0 and len(list((killed / "checkpoints").glob("checkpoint-*"))) == 2, err
     for name in FINISHED:
-        (damaged / name).unlink()
-    return {"base": base, "models": models, "finished": finished, "damaged": damaged}
+        (killed / name).unlink()
+    return {"base": base, "models": models, "finished": finished, "killed": killed}
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
@@ -223,8 +226,25 @@ def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str
     job = folder / "job"
     if job_kind == "finished":
         shutil.copytree(world["finished"], job)
-    elif job_kind == "damaged":
-        shutil.copytree(world["damaged"], job)
+    elif job_kind == "damaged":  # a killed run's checkpoints, each damaged in a drawn way, and --resume auto
+        shutil.copytree(world["killed"], job)
+        for checkpoint in sorted((job / "checkpoints").glob("checkpoint-*")):
+            damage = draw(st.sampled_from(CHECKPOINT_DAMAGE))
+            event(f"checkpoint: {damage}")
+            state, weights, manifest = (checkpoint / n for n in ("training_state.pt", "model.safetensors",
+                                                                 "manifest.json"))
+            if damage == "truncated state":
+                state.write_bytes(state.read_bytes()[: draw(st.integers(0, state.stat().st_size - 1))])
+            elif damage == "flipped weights":
+                data = bytearray(weights.read_bytes())
+                data[draw(st.integers(0, len(data) - 1))] ^= 0xFF
+                weights.write_bytes(bytes(data))
+            elif damage == "no manifest":
+                manifest.unlink()
+            elif damage == "garbage manifest":
+                manifest.write_bytes(draw(st.binary(max_size=40)))
+            elif damage == "no weights":
+                weights.unlink()
     elif job_kind in ("file", "under-file"):
         job.write_text("not a folder")
         job = job / "sub" if job_kind == "under-file" else job
@@ -232,11 +252,11 @@ def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str
         job = folder / ("x" * 300) / "job"  # ENAMETOOLONG from mkdir, after every permission check
     before = {n: (job / n).read_bytes() for n in FINISHED if job_kind == "finished"}
 
-    model = draw(st.sampled_from(MODELS)) if hostile["model"] else "tiny"
+    model = draw(st.sampled_from(MODELS)) if hostile["model"] and job_kind != "damaged" else "tiny"
     event(f"model: {model}")
-    argv = ["--data", draw(data_files(folder, hostile["data"])), "--model-name", world["models"][model],
-            "--job-dir", str(job), "--no-progress", "--epochs", "1", "--max_train_samples", "48",
-            "--batch_size", "8", "--max_length", "64", "--precision", "fp32"]
+    data = "sample" if job_kind == "damaged" else draw(data_files(folder, hostile["data"]))
+    argv = ["--data", data, "--model-name", world["models"][model], "--job-dir", str(job), *DEFAULTS,
+            *(["--resume", "auto"] if job_kind == "damaged" else [])]
     for flag in draw(st.lists(st.sampled_from(sorted(FLAGS)), max_size=4, unique=True)):
         sane, bad = FLAGS[flag]
         values = sane + bad if hostile["flags"] else sane
@@ -262,7 +282,7 @@ def assert_contract(code: int, out: str, err: str, job: Path, before: dict[str, 
         else:
             assert not exists(job / "metrics.json"), "a failed run left a metrics.json"
         return
-    event("exit 0")
+    event("exit 0" + (", resumed" if "resumed from" in out else ""))
     metrics = json.loads((job / "metrics.json").read_text())
     assert (job / "model.safetensors").stat().st_size > 0 and (job / "train_config.json").is_file()
     scored = [v for k, v in metrics.items() if isinstance(v, dict) and "accuracy" in v]
