@@ -115,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     except NLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from .train import Preempted, StoppedWithoutCheckpoint
+    try:  # Ctrl-C while torch and transformers import is an interruption too, not a traceback
+        from .train import Preempted, StoppedWithoutCheckpoint
+    except KeyboardInterrupt:
+        print("interrupted before training began", file=sys.stderr)
+        return 130
 
     try:
         result = run_training(cfg)

@@ -348,13 +348,19 @@ def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninter
                                                                          moment):
     want, seconds = uninterrupted
     job = tmp_path_factory.mktemp("signalled") / "job"
-    proc = subprocess.Popen(task(job), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # SIGINT as a terminal's Ctrl-C gives it: a shell without job control starts background jobs ignoring it.
+    proc = subprocess.Popen(task(job), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(moment * seconds)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=600)
     event(f"{signal.Signals(sig).name} -> exit {proc.returncode}")
     assert proc.returncode in SIGNAL_ENDINGS, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
+    # The one traceback allowed: Ctrl-C while Python itself starts, before the command's code runs (README).
+    starting = sig == signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt") and "task.py" not in err
+    if starting:
+        event("SIGINT while Python starts")
+    assert "Traceback" not in err or starting, err[-3000:]
     if proc.returncode != 0:
         assert not (job / "metrics.json").exists()
     resumed = subprocess.run(task(job, "--resume", "auto"), capture_output=True, text=True, cwd=ROOT, timeout=600)
