@@ -230,3 +230,17 @@ def test_a_full_disk_at_the_final_save_is_one_message_and_resume_finishes_the_ru
     resumed = on_a_small_disk(disk, 64 * 1024, [*command, "--resume", "auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {kept}" in resumed.stdout + resumed.stderr
+
+
+def test_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path):
+    """Found by tests/test_contract.py's drawn signals: a SIGINT in the seconds torch and transformers take to import
+    was a KeyboardInterrupt traceback. The profile line is printed just before those imports (or while it prints)."""
+    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args(tmp_path / "job", "tiny-random")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().startswith("Profile smoke")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and err.strip().splitlines() == [
+        "interrupted: the newest complete checkpoint (if any) is intact; rerun with --resume auto"], err[-2000:]
+    assert not (tmp_path / "job").exists()
