@@ -170,12 +170,13 @@ def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one(
 
 # -- 6. a failure on rank 0 ends every rank within seconds, with rank 0's message ----------------------------------
 def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_model_dir):
-    # A checkpoint dir that passes the check before training and the lock, but whose checkpoint's temporary folder
-    # name pushes the path past PATH_MAX (4,096 bytes): the write fails on rank 0 only, at the first checkpoint.
+    # A checkpoint dir of 4,065 bytes: the check before training (a probe file, /.nli-write-check-<pid>, 25 bytes at
+    # most) and the lock pass, but the checkpoint's temporary folder (/.tmp-checkpoint-<step>-<8 random>, 34 bytes)
+    # pushes the path past PATH_MAX (4,096 bytes with its NUL): the write fails on rank 0 only, at the first one.
     root = str(tmp_path)
-    while len(root) < 4076 - 201:
+    while len(root) < 4065 - 201:
         root += "/" + "d" * 200
-    root += "/" + "d" * (4076 - len(root) - 1)
+    root += "/" + "d" * (4065 - len(root) - 1)
     start = time.monotonic()
     proc = torchrun("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "2",
                     "--batch_size", "8", "--max_train_samples", "32", "--precision", "fp32", "--no-progress",
