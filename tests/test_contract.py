@@ -318,12 +318,28 @@ def test_the_command_keeps_its_contract_for_any_drawn_input(world, case):
 
 # -- signals at any moment, then --resume auto ----------------------------------------------------------------------
 RUN = ["--profile", "smoke", "--data", "sample", "--model-name", "tiny-random", "--epochs", "2", "--batch_size", "8",
-       "--max_train_samples", "64", "--precision", "fp32", "--checkpoint_every", "1", "--keep_checkpoints", "2",
+       "--max_train_samples", "160", "--precision", "fp32", "--checkpoint_every", "1", "--keep_checkpoints", "2",
        "--log_every", "1", "--no-progress"]
 
 
-def task(job: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "nli_helpers.task", *RUN, "--job-dir", str(job), *extra]
+def start(job: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """The command as a terminal starts it: its lines as printed (the test waits for one), SIGINT as Ctrl-C sends it
+    (a shell without job control starts background jobs ignoring it). Returns it and its stderr's file."""
+    job.parent.mkdir(parents=True, exist_ok=True)
+    err = job.parent / f"{job.name}.stderr"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *RUN, "--job-dir", str(job), *extra],
+                                stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return proc, err
+
+
+def until_data_loaded(proc: subprocess.Popen) -> None:
+    """Read the command's output up to its `data:` line: imports and data done, the model and training next."""
+    for line in proc.stdout:
+        if line.startswith("data:"):
+            return
 
 
 def outcome(job: Path) -> tuple[list, dict]:
@@ -334,36 +350,45 @@ def outcome(job: Path) -> tuple[list, dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[tuple, float]:
+def uninterrupted(tmp_path_factory) -> tuple[tuple, float, float]:
+    """The run's outcome, the seconds until its data is loaded, and the seconds after."""
     job = tmp_path_factory.mktemp("uninterrupted") / "job"
-    start = time.monotonic()
-    proc = subprocess.run(task(job), capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return outcome(job), time.monotonic() - start
+    began = time.monotonic()
+    proc, err = start(job)
+    until_data_loaded(proc)
+    loaded = time.monotonic()
+    proc.stdout.read()
+    assert proc.wait(timeout=600) == 0, err.read_text()[-3000:]
+    return outcome(job), loaded - began, time.monotonic() - loaded
 
 
 @drawn(2, share=25)  # a real run and its resume: 25 times a drawn command line
-@given(sig=st.sampled_from([signal.SIGKILL, signal.SIGTERM, signal.SIGINT]), moment=st.floats(0.0, 1.0))
-def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninterrupted, tmp_path_factory, sig,
+@given(sig=st.sampled_from([signal.SIGKILL, signal.SIGTERM, signal.SIGINT]),
+       phase=st.sampled_from(["starting", "training", "training", "training"]), moment=st.floats(0.0, 1.0))
+def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninterrupted, tmp_path_factory, sig, phase,
                                                                          moment):
-    want, seconds = uninterrupted
+    """A signal while the command starts (imports, data) or after (model, training, checkpoints, the final save)."""
+    want, starting_s, training_s = uninterrupted
     job = tmp_path_factory.mktemp("signalled") / "job"
-    # SIGINT as a terminal's Ctrl-C gives it: a shell without job control starts background jobs ignoring it.
-    proc = subprocess.Popen(task(job), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(moment * seconds)
+    proc, err_file = start(job)
+    if phase == "training":
+        until_data_loaded(proc)
+    time.sleep(moment * (training_s if phase == "training" else starting_s))
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=600)
-    event(f"{signal.Signals(sig).name} -> exit {proc.returncode}")
+    proc.stdout.read()
+    proc.wait(timeout=600)
+    err = err_file.read_text()
+    event(f"{signal.Signals(sig).name} while {phase} -> exit {proc.returncode}")
     assert proc.returncode in SIGNAL_ENDINGS, err[-3000:]
     # The one traceback allowed: Ctrl-C while Python itself starts, before the command's code runs (README).
-    starting = sig == signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt") and "task.py" not in err
-    if starting:
+    python_starting = sig == signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt") and "task.py" not in err
+    if python_starting:
         event("SIGINT while Python starts")
-    assert "Traceback" not in err or starting, err[-3000:]
-    if proc.returncode != 0:
-        assert not (job / "metrics.json").exists()
-    resumed = subprocess.run(task(job, "--resume", "auto"), capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in err or python_starting, err[-3000:]
+    if proc.returncode != 0 and (job / "metrics.json").exists():
+        event("signalled after the run had finished")  # metrics.json is written last: the result is whole
+    resumed, resumed_err = start(job, "--resume", "auto")
+    resumed.stdout.read()
+    assert resumed.wait(timeout=600) == 0, resumed_err.read_text()[-3000:]
     assert outcome(job) == want
     shutil.rmtree(job.parent, ignore_errors=True)

@@ -237,6 +237,7 @@ def test_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path):
     was a KeyboardInterrupt traceback. The profile line is printed just before those imports (or while it prints)."""
     proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args(tmp_path / "job", "tiny-random")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # the line as it is printed
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().startswith("Profile smoke")
     proc.send_signal(signal.SIGINT)
