@@ -20,7 +20,7 @@ PARAMS ?= notebooks/params/smoke.yaml
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
-	@echo "make fuzz   the trainer command's contract, long: EXAMPLES=1000 drawn cases (about 45 minutes)"
+	@echo "make fuzz   the trainer command's contract, long: EXAMPLES=3000 drawn cases (about 45 minutes)"
 	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
 	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
 	@echo "make gpu-check  roberta-base-shaped bf16/fp16/Trainer runs on this machine's GPU into runs/gpu_check.json"
@@ -110,7 +110,7 @@ test: $(STAMP) browser
 	$(REAL_DATA_ENV) $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 
 # The trainer command's contract, long: hypothesis draws EXAMPLES command lines and EXAMPLES/25 signals (README).
-EXAMPLES ?= 1000
+EXAMPLES ?= 3000
 fuzz: $(STAMP)
 	NLI_FUZZ_EXAMPLES=$(EXAMPLES) $(BIN)/python -m pytest -p no:cacheprovider tests/test_contract.py \
 	  --hypothesis-show-statistics
