@@ -172,6 +172,19 @@ def write_hint(err: BaseException, folder: Path, needed: int, flag: str) -> str:
     return f"Pass {flag} with a folder you can write"
 
 
+def unsaved_model_message(model: torch.nn.Module, target: Path, checkpoint_root: str | None,
+                          err: BaseException) -> str:
+    """The one message for a trained model that could not be written: why, what to do, what is
+    left (the newest checkpoint, which --resume auto continues from)."""
+    kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
+    return (f"could not write the trained model to {target} "
+            f"({getattr(err, 'strerror', None) or err}). "
+            + write_hint(err, target, _state_bytes(model.state_dict()) + 2**24, "--job-dir") + ". "
+            + (f"The newest checkpoint, {kept}, is kept: run the same command again with "
+               "--resume auto to train only the steps after it" if kept else
+               "There is no checkpoint to resume from: the run must train again"))
+
+
 def staging_dir() -> str | None:
     """Where a gs:// checkpoint is written before its upload: /dev/shm when it has room, so a
     preempted job spends its last seconds uploading, not writing a slow boot disk."""

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -112,7 +113,10 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     """The command: 0 with a whole result, 2 with one error: line, or a signal's documented code."""
     try:
-        return _run_command(argv)
+        code = _run_command(argv)
+        if _AS_COMMAND:  # held until the interpreter can take it without a traceback (below)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        return code
     except KeyboardInterrupt:  # at any point, torch's import included: one line, not a traceback
         print("interrupted: the newest complete checkpoint (if any) is intact; rerun with "
               "--resume auto", file=sys.stderr)
@@ -297,25 +301,11 @@ def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = No
                     os.replace(file, target / file.name)
             _write_metrics(result, target)
         except (OSError, RuntimeError, SafetensorError) as e:  # a full disk is any of these
-            raise NLIError(_unsaved(result, target, checkpoint_root, e)) from e
+            from .checkpoint import unsaved_model_message
+
+            raise NLIError(unsaved_model_message(result.model, target, checkpoint_root, e)) from e
     result.output_dir = job_dir
     return job_dir
-
-
-def _unsaved(result: TrainResult, target: Path, checkpoint_root: str | None,
-             err: BaseException) -> str:
-    """The one message for a trained model that could not be written: why, what to do, what is
-    left (the newest checkpoint, which --resume auto continues from)."""
-    from .checkpoint import latest_checkpoint, write_hint
-
-    needed = sum(t.numel() * t.element_size() for t in result.model.state_dict().values())
-    kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
-    return (f"could not write the trained model to {target} "
-            f"({getattr(err, 'strerror', None) or err}). "
-            + write_hint(err, target, needed + 2**24, "--job-dir") + ". "
-            + (f"The newest checkpoint, {kept}, is kept: run the same command again with "
-               "--resume auto to train only the steps after it" if kept else
-               "There is no checkpoint to resume from: the run must train again"))
 
 
 def _write_run_files(result: TrainResult, folder: Path) -> None:
@@ -391,5 +381,12 @@ def default_callbacks(cfg: TrainConfig, job_dir: str, *, given: Sequence[TrainCa
     return out
 
 
+_AS_COMMAND = False
 if __name__ == "__main__":
-    sys.exit(main())
+    _AS_COMMAND = True
+    code = main()
+    # The files are written: a Ctrl-C from here on, held since main returned, or while the
+    # interpreter joins its threads, ends the process at once, not in KeyboardInterrupt's traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    sys.exit(code)

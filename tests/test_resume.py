@@ -245,3 +245,19 @@ def test_ctrl_c_while_torch_imports_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130 and err.strip().splitlines() == [
         "interrupted: the newest complete checkpoint (if any) is intact; rerun with --resume auto"], err[-2000:]
     assert not (tmp_path / "job").exists()
+
+
+def test_ctrl_c_as_the_finished_command_shuts_down_is_no_traceback(tmp_path):
+    """Found by tests/test_contract.py's drawn signals: a SIGINT after the files were written, while the interpreter
+    joined its threads, printed "Exception ignored in: <module 'threading'> ... KeyboardInterrupt"."""
+    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args(tmp_path / "job", "tiny-random"),
+                             "--epochs", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stdout:
+        if line.startswith("saved to"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 130, -signal.SIGINT) and "Traceback" not in err, err[-2000:]
+    assert (tmp_path / "job" / "metrics.json").is_file()
