@@ -20,7 +20,7 @@ PARAMS ?= notebooks/params/smoke.yaml
 help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
-	@echo "make fuzz   the trainer command's contract, long: EXAMPLES=3000 drawn cases (about 45 minutes)"
+	@echo "make fuzz   the trainer command's contract, long: EXAMPLES=3000 drawn cases (about an hour)"
 	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
 	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
 	@echo "make gpu-check  roberta-base-shaped bf16/fp16/Trainer runs on this machine's GPU into runs/gpu_check.json"
