@@ -422,7 +422,7 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
     splits = DatasetDict({name: Dataset.from_pandas(df, preserve_index=False)
                           for name, df in frames.items()})
     splits = subsample(splits, fraction_of_train_data, max_train_samples, max_eval_samples, seed)
-    if len(set(splits["train"]["label"])) < 2:  # it would learn that label, and score 1.000
+    if len(splits["train"].unique("label")) < 2:  # it would learn that label, and score 1.000
         raise DataError(f"the {len(splits['train'])} training pairs of {source} (after any "
                         "--max_train_samples) have one label: a classifier needs two or more to "
                         "learn from. Check the label column, or train on more pairs")
