@@ -35,9 +35,9 @@ for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
 # The syncs a step may make, by the function that makes them, and how many per step at most (benchmarks/README.md,
-# "Host syncs in a step", says why each stays): transformers' SDPA mask check (padding_mask.all(), once per forward),
-# the log interval's loss read (once per log_every steps), the fp16 loss scaler's skipped-step check (twice a step).
-NAMED = {"_ignore_bidirectional_mask_sdpa": 1.0, "flush": 0.1, "get_scale": 2.0}
+# "Host syncs in a step", says why each stays): the log interval's loss read (once per log_every steps) and the fp16
+# loss scaler's skipped-step check (once a step).
+NAMED = {"flush": 0.1, "optimizer_step": 1.0}
 
 # Frames from these folders say nothing about the cause: the warning machinery and this script.
 NOISE = ("warnings.py", "find_syncs.py", "/threading.py")

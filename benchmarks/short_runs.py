@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import tempfile
 import time
@@ -30,7 +31,33 @@ RECIPES = {
     "capped": {},  # the smoke_capped recipe itself: nothing overridden
     "capped_1e-4": {"learning_rate": 1e-4},
     "capped_3e-4": {"learning_rate": 3e-4},
+    # Half the compute of `capped` (issue 29, part 5: the demo within 5 minutes on an fp32 CPU): the same 64 steps
+    # of 16 pairs instead of 32.
+    "capped_b16_512": {"batch_size": 16, "pairs": 512},
+    "capped_b16_512_3e-4": {"batch_size": 16, "pairs": 512, "learning_rate": 3e-4},
+    "capped_b16_1024_1ep": {"batch_size": 16, "epochs": 1},
+    "capped_b16_1024_1ep_1e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 1e-4},
+    "capped_b16_1024_1ep_3e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 3e-4},
+    # The uncapped smoke run on all of --data (issue 29, part 6: 0.65 held-out within 5 minutes on 2 cores, fp32
+    # included). `pairs: None` trains on every training pair; max_train_samples caps it instead.
+    "full_data": {"pairs": None},  # PROFILE_DEFAULTS["smoke_real_data"] as it stands
+    "full_data_2e-4": {"pairs": None, "learning_rate": 2e-4},
+    "full_data_3e-4": {"pairs": None, "learning_rate": 3e-4},
+    "full_data_2e-4_b16": {"pairs": None, "learning_rate": 2e-4, "batch_size": 16},
+    "full_data_1e-4_b16": {"pairs": None, "batch_size": 16},
+    "full_data_2_epochs": {"pairs": None, "epochs": 2},
 }
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def seeds(text: str) -> list[int]:
@@ -46,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, from {', '.join(RECIPES)}")
     parser.add_argument("--seeds", default="0-4", type=seeds, help="'0-4' or '0,3,42' (default 0-4)")
     parser.add_argument("--pairs", type=int, default=1024, help="training pairs of a run (default 1,024)")
+    parser.add_argument("--data", default="mnli-subset", help="what run_training reads (default mnli-subset; "
+                        "the full_data recipes: $NLI_REAL_DATA, all of dev_matched on our machines)")
     parser.add_argument("--out", default=None, help="append one JSON line per run to this file")
     args = parser.parse_args(argv)
     unknown = set(args.recipes.split(",")) - set(RECIPES)
     if unknown:
         parser.error(f"unknown recipe {', '.join(sorted(unknown))}: choose from {', '.join(RECIPES)}")
+    import torch
+
     from nli_helpers.config import make_config
     from nli_helpers.task import run_training
 
@@ -60,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.recipes.split(","):
                 overrides = dict(RECIPES[name])
                 pairs = overrides.pop("pairs", args.pairs)
-                cfg = make_config("smoke", data="mnli-subset", smoke_cap=pairs, max_eval_samples=512, seed=seed,
-                                  progress=False, job_dir=f"{tmp}/{name}-{seed}", **overrides)
+                capped = {"max_eval_samples": 512} if pairs else {}
+                cfg = make_config("smoke", data=args.data, smoke_cap=pairs, seed=seed, progress=False,
+                                  job_dir=f"{tmp}/{name}-{seed}", **capped, **overrides)
                 start = time.perf_counter()
                 metrics = run_training(cfg, verbose=False).metrics
                 accuracy = metrics["validation_matched"]["accuracy"]
@@ -69,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"recipe": name, "seed": seed, "pairs": pairs, "epochs": cfg.epochs,
                        "learning_rate": cfg.learning_rate, "steps": metrics["train"]["steps"],
                        "accuracy": accuracy, "majority": majority, "held_out": metrics["validation_matched"]["n"],
-                       "seconds": round(time.perf_counter() - start, 1), "precision": metrics["precision"]}
+                       "seconds": round(time.perf_counter() - start, 1), "precision": metrics["precision"],
+                       "train_pairs": metrics["train"]["examples"], "batch_size": cfg.batch_size,
+                       "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
                 print(json.dumps(row), flush=True)
                 if args.out:
                     with open(args.out, "a") as out:

@@ -78,6 +78,8 @@ class BatchCounter:
         if mask is None:
             self._unmasked += int(ids.numel())
         else:
+            if mask.dim() == 4:  # step.model_inputs' (batch, 1, query, key) mask: one query row says it
+                mask = mask[:, 0, 0] if mask.dtype == torch.bool else mask[:, 0, 0] == 0
             self._real = mask.sum() if self._real is None else self._real + mask.sum()
         return None
 
@@ -188,7 +190,7 @@ def apply_variant(runner: str, variant: str) -> None:
 
 
 def _foreach_optimizer(model, cfg, device):
-    from nli_helpers.train import decay_groups
+    from nli_helpers.step import decay_groups
 
     groups = decay_groups(model, cfg.weight_decay)
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)

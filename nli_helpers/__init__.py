@@ -5,8 +5,9 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 
     task, launch        the commands a job runs: load, train, evaluate, save (local or gs://),
                         with the TensorBoard and hypertune hooks; torchrun on a Vertex cluster
-    train               the loop, its step, evaluation, scores and log
-    checkpoint, model   exact resume; loading and predicting
+    train               the loop, evaluation, scores and log
+    checkpoint, model,  exact resume; loading and predicting; the pieces of a step (loader,
+    step                inputs as the model takes them, optimizer, torch.compile)
     data, distributed   a file on disk to a padded batch (read, normalise, split by premise,
                         tokenise with a cache, length-grouped batches); ranks, devices, precision
     storage             gs:// and local paths

@@ -121,6 +121,13 @@ class TrainConfig:
                             "checkpoint dir, if any; or a checkpoint path; unset: start fresh")
     num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
                           "0 is fastest on CPU)")
+    compile: bool = _f(False, "torch.compile the training forward and backward (CUDA graphs on a "
+                       "GPU); batches pad to a multiple of 16, so it compiles a few shapes once. "
+                       "Pays only on runs of many steps (benchmarks/README.md)")
+    ddp_bf16_compress: bool = _f(False, "under torchrun, all-reduce gradients in bf16: half the "
+                                 "bytes, for a slow interconnect")
+    sync_every: int = _f(8, "under torchrun, the ranks agree on a SIGTERM or a timed checkpoint "
+                         "every N optimizer steps (one CPU all-reduce each)")
     progress: bool = _f(True, "show tqdm progress bars")
     allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full "
                          "profile, a Vertex job that asked for GPUs): days for roberta-base")
@@ -156,7 +163,7 @@ class TrainConfig:
             problems.append(f"learning_rate={self.learning_rate} must be > 0 (try 2e-5 for "
                             "roberta-base, 1e-4 for MiniLM)")
         for name in ("batch_size", "eval_batch_size", "grad_accum_steps", "max_length",
-                     "log_every"):
+                     "log_every", "sync_every"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be a positive integer")
         if (self.batch_size >= 1 and self.grad_accum_steps >= 1

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import ConfigError, NLIError, TrainConfig
 
@@ -83,6 +85,21 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device, info: DistInfo,
+             bf16_compress: bool = False) -> DDP:
+    """DDP that spends the interconnect on gradients only: buckets are the gradients' own memory
+    (no copy in and out), buffers are broadcast only where a checkpoint would save one (a running
+    statistic; position ids are constants every rank builds itself), and optionally gradients
+    travel in bf16 (`torch.distributed.algorithms.ddp_comm_hooks.default_hooks`)."""
+    saved = set(model.state_dict())
+    drifting = any(name in saved for name, _ in model.named_buffers())
+    net = DDP(model, [info.local_rank] if device.type == "cuda" else None,
+              gradient_as_bucket_view=True, broadcast_buffers=drifting)
+    if bf16_compress:
+        net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return net
 
 
 def agree_after_step(stop: bool, main_says: bool, info: DistInfo) -> tuple[bool, bool]:
@@ -236,7 +253,11 @@ def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str
 
 def check_accelerator(cfg: TrainConfig) -> None:
     """Stop before anything loads when a run that needs a GPU has none: the `full` profile, or a
-    Vertex AI replica that asked for GPUs and cannot use them."""
+    Vertex AI replica that asked for GPUs and cannot use them; or a GPU-only option."""
+    if cfg.ddp_bf16_compress and not torch.cuda.is_available():
+        raise ConfigError("ddp_bf16_compress needs CUDA GPUs: torch's bf16 all-reduce hook runs on "
+                          "NCCL only, and gloo on a CPU has none. Leave it off here (gradients "
+                          "then travel in fp32)")
     if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1":
         return
     if torch.cuda.is_available():

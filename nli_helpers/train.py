@@ -33,7 +33,16 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from . import distributed as dist
 from .checkpoint import CheckpointTimer, resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig, batch_split
-from .data import LengthGroupedBatchSampler, PaddedCollator, content_hash
+from .data import content_hash
+from .step import (
+    build_optimizer,
+    compile_for_training,
+    compiled_graphs,
+    make_train_loader,
+    model_inputs,
+    optimizer_step,
+    padded_collator,
+)
 
 # After a SIGTERM and a saved checkpoint, exit with a code Vertex AI retries: in a custom
 # container it restarts a job (up to three times) after 134 or 139 only, so every rank that
@@ -101,8 +110,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     precision = dist.resolve_precision(cfg.precision, device)
     set_seed(cfg.seed)
     model.to(device).train()
-    ids = [info.local_rank] if device.type == "cuda" else None
-    net = torch.nn.parallel.DistributedDataParallel(model, ids) if info.enabled else model
+    net = dist.wrap_ddp(model, device, info, cfg.ddp_bf16_compress) if info.enabled else model
+    if cfg.compile:
+        net, graphs = compile_for_training(net, device), compiled_graphs()
     loader = make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
     if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken
@@ -152,9 +162,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 accumulating = state.batches_done % cfg.grad_accum_steps != 0
                 # DDP all-reduces gradients on every backward unless told not to: only on the last.
                 with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                     with dist.autocast(precision, device):
-                        loss = net(**batch).loss / cfg.grad_accum_steps
+                        loss = net(**model_inputs(batch, device, model)).loss / cfg.grad_accum_steps
                     scaler.scale(loss).backward()
                 if accumulating:
                     continue
@@ -173,8 +182,10 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                     checkpoint_now()
                 if last:
                     break
-                # One collective: every rank stops at the same step, and checkpoints when rank 0's
-                # clock says so (each rank's own clock would say so at another step).
+                # One collective every sync_every steps: every rank stops at the same step, and
+                # checkpoints when rank 0's clock says so (each rank's own would at another step).
+                if info.enabled and state.step % cfg.sync_every:
+                    continue
                 stopping, due = dist.agree_after_step(stop.requested, timer.due(), info)
                 if stopping:
                     stop_with_checkpoint(checkpoint_now(), state.step, stop, cfg, checkpoint_root)
@@ -191,13 +202,17 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 evaluate_now()
             if state.step < total_steps:
                 checkpoint_now()
-        if stop.requested and checkpoint_now():  # the signal came during the final evaluation
-            log.message(f"SIGTERM during the final evaluation{stop.since()}: checkpoint of step "
+        # A signal after the last agreement (the final steps, the final evaluation): the ranks
+        # decide together, since each one's checkpoint_now() joins the others' collectives.
+        if dist.agree_after_step(stop.requested, False, info)[0] and checkpoint_now():
+            log.message(f"SIGTERM after the last stop check{stop.since()}: checkpoint of step "
                         f"{state.step} saved; finishing the run")
     log.close()
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
+    if cfg.compile:  # bounded by the padded widths: a number that grows with the run is a bug
+        metrics["train"]["compiled_graphs"] = compiled_graphs() - graphs
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)
@@ -216,64 +231,6 @@ def stop_with_checkpoint(path: str | None, step: int, stop, cfg: TrainConfig, ro
                     f"{stop.since()}. Rerun with --resume auto to continue")
 
 
-# -- the pieces of a step --------------------------------------------------------------------------
-def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) -> float | None:
-    """Clip, step (through the fp16 grad scaler) and schedule. Returns the learning rate used, or
-    None when the scaler skipped the step for inf/NaN gradients (the schedule then waits too, as in
-    Trainer and accelerate)."""
-    if max_grad_norm > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    scale = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    if scale is not None and scaler.get_scale() < scale:
-        return None
-    lr = scheduler.get_last_lr()[0]
-    scheduler.step()
-    return lr
-
-
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
-    """AdamW, decaying matrices only (`decay_groups`); fused kernels where torch has them."""
-    groups = decay_groups(model, cfg.weight_decay)
-    try:  # fused: one pass over weights, gradients and both moments (CUDA, and CPU in torch >= 2.4)
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
-    except RuntimeError:  # no fused kernel for this device or dtype
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
-
-
-def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """nanoGPT's rule: matrices (dim >= 2: linear and embedding weights) decay; vectors (biases,
-    norm weights) do not. Names would miss a norm called `final_norm.weight`; shapes do not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
-def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device, *,
-                      num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
-    """Length-grouped global batches, each rank taking its share (`batch_size` is the global batch).
-    The loader hands out row numbers; `PaddedCollator` pads a whole batch of them at once."""
-    batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
-    sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps,
-                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
-                                        num_replicas=num_replicas, rank=rank)
-    return torch.utils.data.DataLoader(
-        range(len(dataset)), batch_sampler=sampler, num_workers=cfg.num_workers,
-        collate_fn=padded_collator(dataset, tokenizer, device),
-        # Its own generator: drawing from the global RNG that dropout uses would give a resumed run
-        # other dropout masks than an uninterrupted one.
-        generator=torch.Generator().manual_seed(cfg.seed),
-        pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
-
-
-def padded_collator(dataset, tokenizer, device: torch.device) -> PaddedCollator:
-    """Batches padded to their longest pair; on a GPU to a multiple of 8 (for tensor cores)."""
-    return PaddedCollator(dataset, tokenizer, 8 if device.type == "cuda" else None)
-
-
 # -- evaluation and scores ------------------------------------------------------------------------
 @torch.inference_mode()
 def score_split(model, dataset, tokenizer, device: torch.device, precision: str = "fp32",
@@ -288,10 +245,10 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     preds = np.full(len(dataset), -1, dtype=np.int64)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        batch = collate(idx)
-        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "labels"}
+        inputs = {k: v for k, v in collate(idx).items() if k != "labels"}
         with dist.autocast(precision, device):
-            preds[idx] = model(**inputs).logits.argmax(-1).cpu().numpy()
+            logits = model(**model_inputs(inputs, device, model)).logits
+        preds[idx] = logits.argmax(-1).cpu().numpy()
     if info.enabled:
         for rank_order, rank_preds in dist.all_gather_objects((order, preds[order]), info):
             preds[rank_order] = rank_preds
@@ -405,7 +362,7 @@ class TrainLog:
 
     def count(self, batch) -> None:
         self.window["examples"] += len(batch["labels"]) * self.info.world_size
-        tokens = int(batch["attention_mask"].sum())  # a CPU tensor still: no device sync
+        tokens = int(batch["attention_mask"].numpy().sum())  # the collated CPU copy: no sync
         self.window["tokens"] += tokens * self.info.world_size
 
     def step(self, step: int, lr: float, loss: torch.Tensor) -> None:

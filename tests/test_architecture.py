@@ -18,9 +18,9 @@ from tests.helpers import ROOT
 
 MAX_MODULE_LINES = 400
 MAX_LINES = {
-    # The loop, its step, evaluation, scores, log and the log's hooks (TensorBoard, the hypertune
-    # report) in one file, read top to bottom (litgpt's finetune/full.py is 458 lines without hooks).
-    "nli_helpers/train.py": 610,
+    # The loop, evaluation, scores, log and the log's hooks (TensorBoard, the hypertune report) in
+    # one file, read top to bottom; the step's pieces are in step.py. Issue 30 takes the hooks out.
+    "nli_helpers/train.py": 560,
     # The data path in one file, from a file on disk to a padded batch, as issue #21's layout asks.
     "nli_helpers/data.py": 740,  # issue 30 splits it (readers via datasets)
 }
@@ -77,14 +77,15 @@ def test_every_package_module_is_placed_in_a_layer():
     assert placed - modules == set(), f"these rows name modules that do not exist: {placed - modules}"
 
 
-def test_the_loop_imports_at_most_four_siblings():
-    """train.py reads in one sitting: what it needs from the package comes from four modules at most (config,
-    distributed, data, checkpoint). Cloud Storage reaches its TensorBoard hook as an `upload` argument."""
+def test_the_loop_imports_at_most_five_siblings():
+    """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
+    distributed, data, checkpoint, and step, which holds the pieces of a step that train.py used to). Cloud Storage
+    reaches its TensorBoard hook as an `upload` argument."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.level == 1 and node.module is None for alias in node.names}
-    assert len(siblings - {None}) <= 4, f"train.py imports {sorted(siblings - {None})}"
+    assert len(siblings - {None}) <= 5, f"train.py imports {sorted(siblings - {None})}"
 
 
 def test_the_package_version_is_the_one_pyproject_gives():

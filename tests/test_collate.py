@@ -75,7 +75,7 @@ def test_a_selected_split_and_repeated_rows(tokenized):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_training_loader_feeds_the_same_batches(tokenized, workers):
     from nli_helpers.config import make_config
-    from nli_helpers.train import make_train_loader
+    from nli_helpers.step import make_train_loader
 
     tokenizer, split = tokenized
     cfg = make_config("smoke", batch_size=24, seed=3, num_workers=workers)

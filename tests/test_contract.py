@@ -206,6 +206,7 @@ FLAGS = {  # flag -> (sane values, hostile values: edges and nonsense)
     "--checkpoint_every": ([0, 1, 3], [-1]),
     "--keep_checkpoints": ([0, 1, 2], [-1]),
     "--eval_batch_size": ([8, 3], [0, -1]),
+    "--sync_every": ([1, 4], [0, -1]),
     "--resume": (["auto"], ["no-such-checkpoint", ""]),
     "--unknown-flag": ([], [1]),
 }

@@ -12,9 +12,12 @@ import os
 import subprocess
 import sys
 import time
+import traceback
+from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from localcloud.vertex import free_port
 from nli_helpers import distributed
@@ -53,6 +56,13 @@ def test_full_profile_without_a_gpu_stops_at_once_before_loading_anything(tmp_pa
     assert "--profile smoke" in proc.stderr and "--allow-cpu" in proc.stderr and "Traceback" not in proc.stderr
     assert "data:" not in proc.stdout and not (tmp_path / "job").exists()  # nothing loaded, nothing written
     assert took < 60, took  # the interpreter and torch's import, then the check
+
+
+def test_bf16_gradient_compression_without_a_gpu_is_refused_before_anything_loads():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the NCCL hook runs")
+    with pytest.raises(ConfigError, match="ddp_bf16_compress needs CUDA GPUs: .* NCCL only.*Leave it off here"):
+        distributed.check_accelerator(make_config("smoke", ddp_bf16_compress=True))
 
 
 def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_path, tiny_model_dir):
@@ -242,3 +252,48 @@ def test_every_host_sync_in_a_training_step_is_a_named_one(tmp_path, precision):
         function = key.rsplit(" in ", 1)[-1]
         assert function in NAMED, f"a host sync nobody named: {key}\n" + "\n".join(site["stack"])
         assert site["per_step"] <= NAMED[function] + 1e-9, (key, site["per_step"])
+
+
+# -- 10. on this CPU: no tensor read into Python inside a step but the named ones ----------------------------------
+class ScalarReads(TorchDispatchMode):
+    """Each tensor read into a Python number (`item()`, `bool()`, `int()`), by the innermost function outside torch
+    that asked: on a GPU each is a host sync. What a CUDA run's sync debug mode finds (test 9), found on a CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            frames = [f for f in traceback.extract_stack()[:-1] if f"{os.sep}torch{os.sep}" not in f.filename]
+            self.sites[frames[-1].name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("precision, attention", [("fp32", "sdpa"), ("bf16", "sdpa"), ("fp16", "sdpa"),
+                                                  ("fp32", "eager")])
+def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_model_dir, precision, attention):
+    """transformers' `padding_mask.all()` (one a forward) and GradScaler.get_scale (two an fp16 step) read tensors
+    into Python; a step now passes a mask the model takes as it is and compares the loss scale once. Left: the fp16
+    step's skipped-step check (find_syncs.NAMED) and the DataLoader drawing its epoch's seed from a CPU generator."""
+    from nli_helpers import distributed, train
+    from nli_helpers.data import load_nli_splits, tokenize_splits
+    from nli_helpers.model import load_model_and_tokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from find_syncs import NAMED
+
+    monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: precision)
+    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=2, batch_size=8, max_train_samples=96,
+                      max_eval_samples=16, log_every=100, progress=False, keep_checkpoints=0)
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    model.config._attn_implementation = attention
+    tokenized = tokenize_splits(load_nli_splits("sample", max_train_samples=96, max_eval_samples=16), tokenizer, 64)
+    reads = ScalarReads()
+    with reads:
+        result = train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"))
+    steps = result.metrics["train"]["steps"]
+    assert steps == 24 and result.metrics["train"]["final_loss"] < 1.2
+    assert reads.sites.pop("train", 0) == cfg.epochs, "the epoch seed, drawn once an epoch on the CPU"
+    assert set(reads.sites) <= set(NAMED), reads.sites
+    assert reads.sites == ({"optimizer_step": steps} if precision == "fp16" else {}), reads.sites

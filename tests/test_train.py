@@ -177,7 +177,7 @@ class NormedNet(torch.nn.Module):
 
 
 def test_weight_decay_goes_by_shape_not_name():
-    from nli_helpers.train import build_optimizer
+    from nli_helpers.step import build_optimizer
 
     model = NormedNet()
     cfg = make_config("smoke", weight_decay=0.1)
@@ -195,7 +195,7 @@ def test_weight_decay_goes_by_shape_not_name():
 
 
 def test_bert_keeps_the_groups_it_had_by_name(tiny_model_dir):
-    from nli_helpers.train import decay_groups
+    from nli_helpers.step import decay_groups
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
     by_name = {n for n, _ in model.named_parameters() if "bias" in n or "LayerNorm" in n}
@@ -203,3 +203,25 @@ def test_bert_keeps_the_groups_it_had_by_name(tiny_model_dir):
     _, no_decay = decay_groups(model, 0.01)
     # The same groups as the old name rule gave: checkpoints written before resume as they were.
     assert {names[id(p)] for p in no_decay["params"]} == by_name
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_mask_a_step_passes_gives_the_logits_of_transformers_own(tiny_model_dir, attention):
+    """step.model_inputs hands the model a mask it uses as it is (none for an unpadded batch, else a 4-D one), so
+    transformers never asks the device whether the batch is padded: the logits do not change by a bit."""
+    from transformers import AutoTokenizer
+
+    from nli_helpers.step import model_inputs
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation=attention).eval()
+    padded = dict(tokenizer(["a man sits on the bench in the park", "dogs"], ["he sits", "no dogs were seen at all"],
+                            padding=True, return_tensors="pt"))
+    unpadded = {k: v[:1, :int(padded["attention_mask"][0].sum())] for k, v in padded.items()}
+    cpu = torch.device("cpu")
+    width = padded["input_ids"].shape[1]
+    for batch, mask_shape in ((padded, (2, 1, width, width)), (unpadded, None)):
+        inputs = model_inputs(batch, cpu, model)
+        assert (inputs["attention_mask"].shape if "attention_mask" in inputs else None) == mask_shape
+        with torch.no_grad():
+            assert torch.equal(model(**inputs).logits, model(**batch).logits)

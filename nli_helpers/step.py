@@ -1,0 +1,111 @@
+"""The pieces of one training step and what feeds it, which `train.train` puts together: the
+loader of length-grouped, padded batches, the inputs as the model takes them (no host sync), the
+optimizer (AdamW, decay by shape) and its step through the fp16 loss scaler, and `torch.compile`.
+
+    >>> loader = make_train_loader(tokenized["train"], cfg, tokenizer, device)
+    >>> loss = model(**model_inputs(next(iter(loader)), device, model)).loss
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import TrainConfig, batch_split
+from .data import LengthGroupedBatchSampler, PaddedCollator
+
+
+def model_inputs(batch: dict, device: torch.device, model) -> dict:
+    """The batch on `device`, its attention mask in a form the model uses as it is. Given a 2-D
+    mask, transformers asks `padding_mask.all()` on every forward whether it may skip masking: a
+    host sync per step, which also keeps CUDA graphs out. The collated mask is still on the CPU, so
+    the question is answered here for free: an unpadded batch goes without a mask, a padded one with
+    the 4-D mask transformers would build (bool for SDPA, additive for eager attention)."""
+    mask = batch.get("attention_mask")
+    moved = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "attention_mask"}
+    kind = getattr(model.config, "_attn_implementation", None)
+    if mask is None or kind not in ("sdpa", "eager"):  # flash/flex attention take the 2-D mask
+        return moved if mask is None else {**moved, "attention_mask": mask.to(device)}
+    if mask.numpy().all():  # numpy, on the CPU copy: no device, no sync
+        return moved
+    width = mask.shape[1]
+    attend = mask.to(device, non_blocking=True).bool()[:, None, None, :].expand(-1, 1, width, -1)
+    if kind == "eager":  # added to the scores: 0 where attended, the dtype's minimum where not
+        dtype = next(model.parameters()).dtype
+        attend = torch.where(attend, torch.zeros((), dtype=dtype, device=device),
+                             torch.finfo(dtype).min)
+    return {**moved, "attention_mask": attend}
+
+
+def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) -> float | None:
+    """Clip, step (through the fp16 grad scaler) and schedule. Returns the learning rate used, or
+    None when the scaler skipped the step for inf/NaN gradients (the schedule then waits too, as in
+    Trainer and accelerate). fp16 pays one host sync a step for that answer, where `get_scale()`
+    before and after would be two: the scale stays a device tensor until one comparison is read."""
+    if max_grad_norm > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scale = scaler._scale.clone() if scaler.is_enabled() else None  # set by scaler.scale(loss)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if scale is not None and bool(scaler._scale < scale):  # update() shrinks it after inf/NaN
+        return None
+    lr = scheduler.get_last_lr()[0]
+    scheduler.step()
+    return lr
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+    """AdamW, decaying matrices only (`decay_groups`); fused kernels where torch has them."""
+    groups = decay_groups(model, cfg.weight_decay)
+    try:  # fused: one pass over weights, gradients and both moments (CUDA, and CPU in torch >= 2.4)
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
+    except RuntimeError:  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, foreach=True)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's rule: matrices (dim >= 2: linear and embedding weights) decay; vectors (biases,
+    norm weights) do not. Names would miss a norm called `final_norm.weight`; shapes do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device, *,
+                      num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
+    """Length-grouped global batches, each rank taking its share (`batch_size` is the global batch).
+    The loader hands out row numbers; `PaddedCollator` pads a whole batch of them at once."""
+    batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
+    sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps,
+                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
+                                        num_replicas=num_replicas, rank=rank)
+    return torch.utils.data.DataLoader(
+        range(len(dataset)), batch_sampler=sampler, num_workers=cfg.num_workers,
+        collate_fn=padded_collator(dataset, tokenizer, device, 16 if cfg.compile else None),
+        # Its own generator: drawing from the global RNG that dropout uses would give a resumed run
+        # other dropout masks than an uninterrupted one.
+        generator=torch.Generator().manual_seed(cfg.seed),
+        pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
+
+
+def padded_collator(dataset, tokenizer, device: torch.device,
+                    multiple: int | None = None) -> PaddedCollator:
+    """Batches padded to their longest pair; on a GPU to a multiple of 8 (for tensor cores), or
+    of `multiple` (16 for a compiled model: few shapes)."""
+    return PaddedCollator(dataset, tokenizer, multiple or (8 if device.type == "cuda" else None))
+
+
+def compile_for_training(net, device: torch.device):
+    """`torch.compile` for the training steps: inductor's fused kernels, and on a GPU CUDA graphs
+    ("reduce-overhead": a step's ~1,200 kernel launches replayed as one graph). The first padded
+    width compiles a static graph, the next one a graph with dynamic dimensions that serves every
+    later width and batch size. Evaluation and saving use the eager model underneath."""
+    return torch.compile(net, mode="reduce-overhead" if device.type == "cuda" else None)
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters  # dynamo loads only for a compiled run
+
+    return counters["stats"]["unique_graphs"]
