@@ -271,7 +271,10 @@ RECIPE_CARDS = {
             "On Vertex AI, g2-standard-8 + 1 L4 lists at about $0.98 an hour in us-central1, so "
             "about $0.30 a run (vertex.estimate_cost prints the current table); on Workbench, the "
             "instance's hourly price for as long as it runs. fairseq's 87.6% matched for "
-            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one.",
+            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one. --compile "
+            "(CUDA graphs) attacks that launch floor but spends about a minute compiling first "
+            "(Trainer's torch_compile took 63 s on the H200): worth it only on a run of thousands "
+            "of steps, like this one's 24,500, and not yet measured on a GPU with this trainer.",
 }
 
 
