@@ -46,7 +46,7 @@ def test_profiles_fill_defaults_and_overrides_win(monkeypatch):
     monkeypatch.setattr(config, "smoke_real_data", lambda: "mnli-subset")  # this machine has MultiNLI
     smoke = make_config("smoke")
     assert (smoke.profile, smoke.model_name, smoke.data) == ("smoke", "minilm-l6", "mnli-subset")
-    assert (smoke.epochs, smoke.batch_size) == (1, 32)  # real pairs: one epoch, as on NLI_REAL_DATA
+    assert (smoke.epochs, smoke.batch_size) == (2, 32)  # real pairs: two epochs, as on NLI_REAL_DATA
     full = make_config("full", learning_rate=3e-5)
     assert full.model_name == "roberta-base" and full.data == "nyu-mll/multi_nli"
     assert full.learning_rate == 3e-5 and full.epochs == PROFILE_DEFAULTS["full"]["epochs"]
@@ -56,7 +56,7 @@ def test_smoke_uses_real_data_file_when_named(monkeypatch):
     monkeypatch.setenv("NLI_REAL_DATA", "/data/dev.jsonl")
     real = make_config("smoke")
     assert real.data == "/data/dev.jsonl"
-    assert (real.epochs, real.batch_size) == (1, 32)  # one epoch over thousands of pairs
+    assert (real.epochs, real.batch_size) == (2, 32)  # two epochs over thousands of pairs
     assert make_config("smoke", data="other.csv").data == "other.csv"
     sample = make_config("smoke", data="sample", epochs=2)
     assert (sample.data, sample.epochs, sample.batch_size) == ("sample", 2, 16)
@@ -137,7 +137,7 @@ def test_smoke_cap_caps_only_what_is_unset_and_only_on_smoke(monkeypatch):
 def test_a_capped_smoke_run_on_real_pairs_takes_the_short_run_recipe():
     capped = make_config("smoke", data="real.jsonl", smoke_cap=1024)
     assert (capped.epochs, capped.learning_rate, capped.batch_size) == (2, 2e-4, 32)
-    assert make_config("smoke", data="real.jsonl").epochs == 1  # uncapped: one epoch at 1e-4
+    assert make_config("smoke", data="real.jsonl").epochs == 2  # uncapped: two epochs at 1e-4
     assert make_config("smoke", data="real.jsonl", smoke_cap=1024, epochs=3).epochs == 3  # yours wins
     sample = make_config("smoke", data="sample", smoke_cap=1024)  # the sample keeps its own recipe
     assert (sample.epochs, sample.learning_rate) == (6, 2e-4)

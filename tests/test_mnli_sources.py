@@ -57,7 +57,7 @@ def test_a_fresh_clone_trains_on_multinli_from_the_hub_then_from_its_cache_offli
         offline, _ = newcomer({**hub_home, "HF_HUB_OFFLINE": "1"})
     finally:
         hub.close()
-    assert online["data"] == MNLI_SUBSET and online["epochs"] == 1, online  # the real-data recipe
+    assert online["data"] == MNLI_SUBSET and online["epochs"] == 2, online  # the real-data recipe
     assert "the Hugging Face hub (nyu-mll/multi_nli, validation_matched" in online["source"], online
     assert "data: real MultiNLI from the Hugging Face hub" in said  # the one line naming the source
     # huggingface_hub asked for the one pinned file, HEAD then GET, once; offline, the cache answered.
