@@ -9,7 +9,11 @@ seed; it prints the held-out accuracy and its margin over the majority class of 
     python benchmarks/short_runs.py --out runs/short_runs.jsonl      # one JSON line per run as well
 
 Recipes: `capped` is what `make_config(..., smoke_cap=N)` gives on real pairs (`PROFILE_DEFAULTS["smoke_capped"]`);
-the others are the one-epoch runs it replaced and the two ends of notebook 05's learning-rate sweep.
+the default set adds the one-epoch runs it replaced and the two ends of notebook 05's learning-rate sweep. Named
+with --recipes: `capped_b16_*`, cheaper runs that were tried for the demo's time, and `full_data*`, the uncapped run
+on all of --data (the accuracy-per-minute table):
+
+    python benchmarks/short_runs.py --data ../shared/data/mnli_dev_matched.jsonl --recipes full_data --seeds 0
 """
 
 from __future__ import annotations
@@ -39,14 +43,17 @@ RECIPES = {
     "capped_b16_1024_1ep_1e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 1e-4},
     "capped_b16_1024_1ep_3e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 3e-4},
     # The uncapped smoke run on all of --data (issue 29, part 6: 0.65 held-out within 5 minutes on 2 cores, fp32
-    # included). `pairs: None` trains on every training pair; max_train_samples caps it instead.
-    "full_data": {"pairs": None},  # PROFILE_DEFAULTS["smoke_real_data"] as it stands
-    "full_data_2e-4": {"pairs": None, "learning_rate": 2e-4},
-    "full_data_3e-4": {"pairs": None, "learning_rate": 3e-4},
-    "full_data_2e-4_b16": {"pairs": None, "learning_rate": 2e-4, "batch_size": 16},
-    "full_data_1e-4_b16": {"pairs": None, "batch_size": 16},
-    "full_data_2_epochs": {"pairs": None, "epochs": 2},
+    # included). `pairs: None` trains on every training pair.
+    "full_data": {"pairs": None},  # PROFILE_DEFAULTS["smoke_real_data"]: 2 epochs, batch 32, 1e-4
+    "full_data_1_epoch": {"pairs": None, "epochs": 1},  # the profile before 2026-11-26
+    "full_data_1_epoch_2e-4": {"pairs": None, "epochs": 1, "learning_rate": 2e-4},
+    "full_data_1_epoch_3e-4": {"pairs": None, "epochs": 1, "learning_rate": 3e-4},
+    "full_data_1_epoch_2e-4_b16": {"pairs": None, "epochs": 1, "learning_rate": 2e-4, "batch_size": 16},
+    "full_data_1_epoch_b16": {"pairs": None, "epochs": 1, "batch_size": 16},
 }
+
+
+DEFAULT_RECIPES = ("one_epoch_2e-4", "one_epoch_1e-4_2000", "capped", "capped_1e-4", "capped_3e-4")
 
 
 def cpu_name() -> str:
@@ -70,7 +77,8 @@ def seeds(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, from {', '.join(RECIPES)}")
+    parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
+                        help=f"comma-separated, from {', '.join(RECIPES)} (default {','.join(DEFAULT_RECIPES)})")
     parser.add_argument("--seeds", default="0-4", type=seeds, help="'0-4' or '0,3,42' (default 0-4)")
     parser.add_argument("--pairs", type=int, default=1024, help="training pairs of a run (default 1,024)")
     parser.add_argument("--data", default="mnli-subset", help="what run_training reads (default mnli-subset; "

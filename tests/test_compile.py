@@ -10,6 +10,7 @@ from nli_helpers import train
 from nli_helpers.config import make_config
 from nli_helpers.data import load_nli_splits, tokenize_splits
 from nli_helpers.model import load_model_and_tokenizer
+from nli_helpers.step import compiled_graphs
 
 
 class GraphsPerEpoch(train.TrainCallback):
@@ -20,12 +21,6 @@ class GraphsPerEpoch(train.TrainCallback):
 
     def on_evaluate(self, step, epoch, scores):
         self.seen.append(compiled_graphs())
-
-
-def compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
 
 
 def run(tiny_model_dir, compile: bool, callbacks=()):
