@@ -119,7 +119,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check nli_helpers localcloud tests benchmarks conftest.py
+	$(BIN)/ruff check nli_helpers localcloud tests benchmarks conftest.py notebooks
 	$(BIN)/lint-imports
 
 # Re-pin after changing dependency ranges: the venv's exact versions become the constraints.

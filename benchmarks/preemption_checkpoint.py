@@ -1,6 +1,6 @@
 """How long a preempted trainer takes from SIGTERM to a complete checkpoint, and to its exit.
 
-Starts `python -m nli_helpers.task` on the smoke model (MiniLM-L6, 22.7M parameters) with AIP_CHECKPOINT_DIR set,
+Starts `python -m nli_helpers.vertex.entry` (the trainer image's entry point) on the smoke model (MiniLM-L6, 22.7M parameters) with AIP_CHECKPOINT_DIR set,
 as Vertex AI sets it, sends SIGTERM once it has logged a few steps, and reads what the trainer reports ("checkpoint
 saved to ... N s after the signal") and when it exits. Checkpoints go to a local folder and to gs:// on the Cloud
 Storage emulator (in this process, on loopback), each `--repeats` times:
@@ -38,7 +38,7 @@ def run_once(checkpoint_dir: str, job_dir: Path, env: dict) -> dict:
     log = job_dir.parent / f"{job_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *args], cwd=ROOT, env=run_env,
+        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.vertex.entry", *args], cwd=ROOT, env=run_env,
                                 stdout=out, stderr=subprocess.STDOUT)
         while not re.search(r"^step ([6-9]|\d\d+)/", log.read_text(), re.M):
             if proc.poll() is not None:

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from nli_helpers.config import make_config
-    from nli_helpers.task import run_training
+    from nli_helpers.run import run_training
 
     table: dict[str, dict[int, str]] = {}
     with tempfile.TemporaryDirectory(prefix="short-runs-") as tmp:

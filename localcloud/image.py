@@ -1,7 +1,7 @@
 """The trainer image's stand-in: docker/Dockerfile's packages in a venv on this machine's Python.
 
 The image is python:3.11 with the torch constraints.txt pins (its cu126 CUDA build there, the CPU build here) and
-`pip install .[smoke]` under constraints.txt; nli_helpers.packaging.image_venv builds exactly that from the
+`pip install .[smoke,vertex]` under constraints.txt; nli_helpers.vertex.packaging.image_venv builds exactly that from the
 project's sdist, cached by the sdist's content, so it is built once and reused until the package changes.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from nli_helpers import packaging
+from nli_helpers.vertex import packaging
 
 # The image name the tests register with their fakes (the notebooks use vertex.trainer_image_uri's).
 TRAINER_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:test"
@@ -29,5 +29,5 @@ def project_sdist(folder: Path) -> Path:
 
 
 def trainer_image_python(sdist: Path) -> Path:
-    """The python of the image stand-in built from this sdist (with the [smoke] extra, as the Dockerfile does)."""
-    return packaging.image_venv(sdist, extras="smoke").python
+    """The python of the image stand-in built from this sdist (with the [smoke,vertex] extras, as the Dockerfile does)."""
+    return packaging.image_venv(sdist).python

@@ -109,7 +109,7 @@ from pathlib import Path
 from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJob, JobState, Scheduling
 
 from localcloud.replica import Replica, stop_all
-from nli_helpers import packaging
+from nli_helpers.vertex import packaging
 
 # Rule 2: the PyTorch rows of the prebuilt training images table (PREBUILT, read 2026-11-22): name -> (torch, Python).
 PUBLISHED_PYTORCH_IMAGES = {
@@ -119,7 +119,7 @@ PUBLISHED_PYTORCH_IMAGES = {
     "pytorch-gpu.2-1.py310": ("2.1.2", "3.10"), "pytorch-xla.2-1.py310": ("2.1.2", "3.10"),
 }
 PREBUILT_HOSTS = ("us-docker.pkg.dev", "europe-docker.pkg.dev", "asia-docker.pkg.dev")
-DEFAULT_ENTRYPOINT = ["python", "-m", "nli_helpers.task"]  # docker/Dockerfile's ENTRYPOINT
+DEFAULT_ENTRYPOINT = ["python", "-m", "nli_helpers.vertex.entry"]  # docker/Dockerfile's ENTRYPOINT
 TRANSIENT_EXIT_CODES = {"container_spec": {134, 139}, "python_package_spec": {6, 11}}  # rule 7
 MAX_JOB_RETRIES, MAX_SPOT_RESTARTS = 3, 6  # rules 7 and 6
 SPOT_GRACE_S = 30.0  # rule 6

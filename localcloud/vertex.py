@@ -323,7 +323,7 @@ def cluster_spec(proto: CustomJob, replica: str, hosts: dict[str, str]) -> str:
 
 def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[str, str]:
     """CLUSTER_SPEC, and the node-level variables Vertex's prebuilt PyTorch images add: RANK is the replica's node
-    rank and WORLD_SIZE the number of training nodes (not processes: the trap nli_helpers.launch avoids)."""
+    rank and WORLD_SIZE the number of training nodes (not processes: the trap nli_helpers.vertex.launch avoids)."""
     training = [n for n in replica_names(proto) if n.startswith(("workerpool0-", "workerpool1-"))]
     chief_host, _, chief_port = hosts["workerpool0-0"].rpartition(":")
     env = {"CLUSTER_SPEC": cluster_spec(proto, replica, hosts), "MASTER_ADDR": chief_host, "MASTER_PORT": chief_port,

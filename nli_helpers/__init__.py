@@ -3,9 +3,12 @@
 The modules, in layers (a module imports only those below it; `make lint` checks it, pyproject.toml
 [tool.importlinter]):
 
-    task, launch        the commands a job runs: load, train, evaluate, save (local or gs://),
-                        with the TensorBoard and hypertune hooks; torchrun on a Vertex cluster
-    train               the loop, evaluation, scores and log
+    vertex/             Vertex AI, which the trainer never imports: its side of a job (`entry`, the
+                        image's ENTRYPOINT; `launch`, torchrun on a cluster) and submitting jobs
+    task                the command: flags into a TrainConfig, then a run; exit codes
+    run                 one run: load, train, evaluate, save (local or gs://)
+    tracking            TensorBoard
+    train               the loop, evaluation, scores and log; `should_stop` and callbacks
     checkpoint, model,  exact resume; loading and predicting; the pieces of a step (loader,
     step                inputs as the model takes them, optimizer, torch.compile)
     data, distributed   a file on disk to a padded batch (read, normalise, split by premise,
@@ -14,9 +17,7 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     config              TrainConfig, the profiles, errors
     mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
 
-Beside the trainer: `vertex/` (Vertex AI jobs, the [vertex] extra; the trainer never imports it),
-`packaging` (the sdist and the venv that stands in for the image) and `notebook_runs` (what the
-notebooks share).
+Beside the trainer: `notebook_runs` (what the notebooks share).
 
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
@@ -30,7 +31,7 @@ __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config
 def __getattr__(name: str):
     # Lazy, so `import nli_helpers` (and `--help`) stays fast.
     if name == "run_training":
-        from .task import run_training
+        from .run import run_training
 
         return run_training
     if name == "predict":

@@ -31,6 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from . import storage
 from .config import NLIError, TrainConfig
 from .distributed import DistInfo, all_gather_objects, on_main_process
 
@@ -52,12 +53,7 @@ class CheckpointError(NLIError):
 
 
 def checkpoint_root(checkpoint_dir: str | None, job_dir: str) -> str:
-    return (checkpoint_dir or os.environ.get("AIP_CHECKPOINT_DIR")
-            or f"{job_dir.rstrip('/')}/checkpoints")
-
-
-def _is_gcs(path: str) -> bool:
-    return str(path).startswith("gs://")
+    return checkpoint_dir or f"{job_dir.rstrip('/')}/checkpoints"
 
 
 def _sha256(path: Path) -> str:
@@ -80,7 +76,7 @@ def save_checkpoint(root: str, step: int, model: torch.nn.Module, state: dict,
                     keep: int = 2) -> str:
     """Write checkpoint-<step> under `root` atomically and prune all but the newest `keep`."""
     name = f"checkpoint-{step:08d}"
-    if _is_gcs(root):
+    if storage.is_gcs_uri(root):
         return _save_gcs(root, name, step, model, state, keep)
     root_path = Path(root)
     tmp = None
@@ -197,8 +193,6 @@ def staging_dir() -> str | None:
 
 
 def _save_gcs(root: str, name: str, step: int, model, state: dict, keep: int) -> str:
-    from . import storage
-
     uri = f"{root.rstrip('/')}/{name}"
     with tempfile.TemporaryDirectory(prefix="nli-ckpt-", dir=staging_dir()) as tmp:
         _write_files(Path(tmp), model, state, step)
@@ -244,8 +238,6 @@ def damage(directory: Path) -> str | None:
 
 
 def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
-    from . import storage
-
     found = []
     for uri in storage.list_uris(root.rstrip("/") + "/"):
         parent, _, file = uri.rpartition("/")
@@ -256,9 +248,7 @@ def _gcs_checkpoints(root: str) -> list[tuple[int, str]]:
 
 def latest_checkpoint(root: str) -> str | None:
     """The newest intact checkpoint under `root`, or None; skips a damaged one with a warning."""
-    if _is_gcs(root):
-        from . import storage
-
+    if storage.is_gcs_uri(root):
         found = _gcs_checkpoints(root) if storage.exists(root) else []
         return max(found)[1] if found else None  # Cloud Storage checksums uploads itself
     for _, path in sorted(_local_checkpoints(Path(root)), reverse=True):
@@ -273,8 +263,6 @@ def latest_checkpoint(root: str) -> str | None:
 
 def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     """Load weights into `model` and return the training state (never through pickle)."""
-    from . import storage
-
     with storage.local_copy(path, staging=staging_dir()) as local:
         directory = Path(local)
         if not (directory / MANIFEST).is_file():

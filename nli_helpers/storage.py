@@ -22,6 +22,12 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from aiohttp import ClientError
+from fsspec.callbacks import TqdmCallback
+from gcsfs.core import GCSFileSystem
+from gcsfs.retry import ChecksumError, HttpError
+from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
+from requests.exceptions import RequestException
 from tqdm.auto import tqdm
 
 from nli_helpers.config import NLIError
@@ -72,9 +78,6 @@ def split_gcs_uri(uri: str) -> tuple[str, str]:
 
 def filesystem():
     """gcsfs for the emulator (anonymous) or Cloud Storage (ADC); fsspec caches the instance."""
-    from gcsfs.core import GCSFileSystem
-    from google.auth.exceptions import DefaultCredentialsError
-
     host = os.environ.get("STORAGE_EMULATOR_HOST") or None
     try:
         # gcsfs.core's class, not the one gcsfs/__init__.py exports by default: that one asks the
@@ -206,8 +209,6 @@ def _get_atomically(targets: dict[str, Path], objects: dict[str, dict]) -> None:
         check = "md5" if all(objects[name].get("md5Hash") for name in targets) else "none"
         # One request per file: gcsfs's concurrent path (files over 100 MB) wraps its retried
         # requests in a second retry loop, six tries of six.
-        from fsspec.callbacks import TqdmCallback
-
         with TqdmCallback(tqdm_kwargs=_bar(targets, "download"), tqdm_cls=tqdm) as bar:
             remote, local = list(targets), list(parts.values())
             filesystem().get(remote, local, callback=bar, consistency=check, concurrency=1)
@@ -246,11 +247,6 @@ def _errors(bucket: str, role: str, doing: str) -> Iterator[None]:
 def _explain(err: Exception, bucket: str, role: str, doing: str) -> str | None:
     # gcsfs/retry.py, validate_response: 404 is FileNotFoundError, 403 OSError("Forbidden: ..."),
     # 400 "invalid" ValueError("Bad Request: ..."), 401 HttpError; the rest after its retries.
-    from aiohttp import ClientError
-    from gcsfs.retry import ChecksumError, HttpError
-    from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-    from requests.exceptions import RequestException
-
     unreachable = (HttpError, ClientError, RequestException, TransportError, TimeoutError)
     text = str(err)
     if isinstance(err, FileNotFoundError) and _bucket_missing(bucket):

@@ -4,25 +4,21 @@
 
 AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
-checkpoints, and a SIGTERM that ends in one. Under torchrun the model is wrapped in DDP and
-`cfg.batch_size` is the global batch. Below the loop: the step, the loaders, the scores, the log
-and its hooks (TensorBoard, the hypertune report). `task.run_training` loads, calls `train`, saves.
+checkpoints, and a stop (`should_stop`, a SIGTERM in `task`) that ends in one. Under torchrun the
+model is wrapped in DDP and `cfg.batch_size` is the global batch. Below the loop: the scores and
+the log, which calls the run's observers (`TrainCallback`). `task.run_training` loads, calls
+`train`, saves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 import sys
-import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,28 +40,10 @@ from .step import (
     padded_collator,
 )
 
-# After a SIGTERM and a saved checkpoint, exit with a code Vertex AI retries: in a custom
-# container it restarts a job (up to three times) after 134 or 139 only, so every rank that
-# stops with a preempted one is retried too ("Handle common errors",
-# https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service).
-RESTARTABLE_EXIT_CODE = 134
-
-
-class StoppedWithoutCheckpoint(NLIError):
-    """SIGTERM arrived and no checkpoint could be written (--keep_checkpoints 0): no retry."""
-
-    exit_code = 143  # 128 + SIGTERM: permanent for Vertex AI, which retries only 134/139
-
-
-class Preempted(NLIError):
-    """SIGTERM arrived (Spot preemption, VM maintenance) and a checkpoint was saved."""
-
-    exit_code = RESTARTABLE_EXIT_CODE
-
 
 class TrainCallback:
-    """Observers of a run (the TensorBoard and hypertune hooks below), called on the main process
-    with plain Python values. Override the hooks you need."""
+    """Observers of a run (`tracking.TensorBoardCallback`, Vertex AI's tuning report), called on the
+    main process with plain Python values. Override the hooks you need."""
 
     def on_log(self, rows: list[dict]) -> None:
         """Rows per step since the last log: step, epoch, loss, lr (the last: examples_per_s)."""
@@ -85,6 +63,15 @@ class TrainResult:
     metrics: dict
     history: list[dict] = field(default_factory=list)
     output_dir: str | None = None
+    stopped: Stopped | None = None  # set when should_stop() ended the run early
+
+
+@dataclass
+class Stopped:
+    """A run that `should_stop` ended: after which step, and its checkpoint (None: none kept)."""
+
+    step: int
+    checkpoint: str | None
 
 
 @dataclass
@@ -102,10 +89,13 @@ class LoopState:
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
           info: dist.DistInfo = dist.SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
           checkpoint_root: str | None = None, resume_from: str | None = None,
-          clock: Callable[[], float] = time.monotonic) -> TrainResult:
+          clock: Callable[[], float] = time.monotonic,
+          should_stop: Callable[[], bool] = lambda: False) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split. Checkpoints go
-    under `checkpoint_root`: at each epoch end, every `cfg.checkpoint_every` steps, on SIGTERM, and
-    once `cfg.checkpoint_every_minutes` have passed on `clock`. `resume_from` continues one."""
+    under `checkpoint_root`: at each epoch end, every `cfg.checkpoint_every` steps, and once
+    `cfg.checkpoint_every_minutes` have passed on `clock`. When `should_stop()` (a SIGTERM, in
+    `task`) turns true, the loop checkpoints and returns with `result.stopped` set, no metrics.
+    `resume_from` continues a checkpoint."""
     device = device or dist.device_for(info)
     precision = dist.resolve_precision(cfg.precision, device)
     set_seed(cfg.seed)
@@ -152,61 +142,62 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                              fingerprint)
 
     start = time.perf_counter()
-    with sigterm_requests() as stop:
-        while state.step < total_steps:
-            loader.batch_sampler.set_epoch(state.epoch, skip_batches=state.batches_done)
-            optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
-            for batch in loader:
-                state.batches_done += 1
-                log.count(batch)
-                accumulating = state.batches_done % cfg.grad_accum_steps != 0
-                # DDP all-reduces gradients on every backward unless told not to: only on the last.
-                with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
-                    with dist.autocast(precision, device):
-                        loss = net(**model_inputs(batch, device, model)).loss / cfg.grad_accum_steps
-                    scaler.scale(loss).backward()
-                if accumulating:
-                    continue
-                lr = optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
-                if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
-                    state.skipped_steps += 1
-                    continue
-                state.step += 1
-                log.step(state.step, lr, loss.detach() * cfg.grad_accum_steps)
-                last = state.step >= total_steps
-                if state.step % cfg.log_every == 0 or last:
-                    log.flush(state, len(loader))
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
-                    evaluate_now()
-                if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not last:
-                    checkpoint_now()
-                if last:
-                    break
-                # One collective every sync_every steps: every rank stops at the same step, and
-                # checkpoints when rank 0's clock says so (each rank's own would at another step).
-                if info.enabled and state.step % cfg.sync_every:
-                    continue
-                stopping, due = dist.agree_after_step(stop.requested, timer.due(), info)
-                if stopping:
-                    stop_with_checkpoint(checkpoint_now(), state.step, stop, cfg, checkpoint_root)
-                # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
-                if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
-                    minutes = timer.minutes()
-                    if checkpoint_now():
-                        log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
-                                    "the last (--checkpoint_every_minutes "
-                                    f"{cfg.checkpoint_every_minutes:g})")
-            state.epoch, state.batches_done = state.epoch + 1, 0
-            evaluated = state.eval_history and state.eval_history[-1]["step"] == state.step
-            if state.step < total_steps or not evaluated:
+    while state.step < total_steps:
+        loader.batch_sampler.set_epoch(state.epoch, skip_batches=state.batches_done)
+        optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
+        for batch in loader:
+            state.batches_done += 1
+            log.count(batch)
+            accumulating = state.batches_done % cfg.grad_accum_steps != 0
+            # DDP all-reduces gradients on every backward unless told not to: only on the last.
+            with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
+                with dist.autocast(precision, device):
+                    loss = net(**model_inputs(batch, device, model)).loss / cfg.grad_accum_steps
+                scaler.scale(loss).backward()
+            if accumulating:
+                continue
+            lr = optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
+            if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
+                state.skipped_steps += 1
+                continue
+            state.step += 1
+            log.step(state.step, lr, loss.detach() * cfg.grad_accum_steps)
+            last = state.step >= total_steps
+            if state.step % cfg.log_every == 0 or last:
+                log.flush(state, len(loader))
+            if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
                 evaluate_now()
-            if state.step < total_steps:
+            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not last:
                 checkpoint_now()
-        # A signal after the last agreement (the final steps, the final evaluation): the ranks
-        # decide together, since each one's checkpoint_now() joins the others' collectives.
-        if dist.agree_after_step(stop.requested, False, info)[0] and checkpoint_now():
-            log.message(f"SIGTERM after the last stop check{stop.since()}: checkpoint of step "
-                        f"{state.step} saved; finishing the run")
+            if last:
+                break
+            # One collective every sync_every steps: every rank stops at the same step, and
+            # checkpoints when rank 0's clock says so (each rank's own would at another step).
+            if info.enabled and state.step % cfg.sync_every:
+                continue
+            stopping, due = dist.agree_after_step(should_stop(), timer.due(), info)
+            if stopping:
+                stopped = Stopped(state.step, checkpoint_now())
+                log.close()
+                return TrainResult(model, tokenizer, cfg, {}, state.history, stopped=stopped)
+            # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
+            if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
+                minutes = timer.minutes()
+                if checkpoint_now():
+                    log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
+                                "the last (--checkpoint_every_minutes "
+                                f"{cfg.checkpoint_every_minutes:g})")
+        state.epoch, state.batches_done = state.epoch + 1, 0
+        evaluated = state.eval_history and state.eval_history[-1]["step"] == state.step
+        if state.step < total_steps or not evaluated:
+            evaluate_now()
+        if state.step < total_steps:
+            checkpoint_now()
+    # A stop after the last agreement (the final steps, the final evaluation): the ranks decide
+    # together, since each one's checkpoint_now() joins the others' collectives.
+    if dist.agree_after_step(should_stop(), False, info)[0] and checkpoint_now():
+        log.message(f"stop requested after the last stop check: checkpoint of step {state.step} "
+                    "saved; finishing the run")
     log.close()
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
                                time.perf_counter() - start, precision=precision, device=device,
@@ -218,19 +209,6 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     return TrainResult(model, tokenizer, cfg, metrics, state.history)
 
 
-def stop_with_checkpoint(path: str | None, step: int, stop, cfg: TrainConfig, root: str | None):
-    """End a run that SIGTERM stopped: resumable (exit 134) with a checkpoint, permanent without."""
-    if path is None:
-        raise StoppedWithoutCheckpoint(
-            f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
-            f"from (--keep_checkpoints {cfg.keep_checkpoints}"
-            f"{'' if root else ', no checkpoint dir'}): a restart would start from step 0, so this "
-            "exit is one Vertex AI does not retry. Keep checkpoints (the default, 2) to make a "
-            "preempted job resumable")
-    raise Preempted(f"stopped by SIGTERM after step {step}; checkpoint saved to {path}"
-                    f"{stop.since()}. Rerun with --resume auto to continue")
-
-
 # -- evaluation and scores ------------------------------------------------------------------------
 @torch.inference_mode()
 def score_split(model, dataset, tokenizer, device: torch.device, precision: str = "fp32",
@@ -239,6 +217,7 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     """Scores on a tokenised split, and the predicted label ids in the split's order. Batches go in
     length order (less padding) and predictions back in place; under DDP each rank predicts an
     interleaved share and the shares are gathered, so every example counts exactly once."""
+    was_training = model.training
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
     collate = padded_collator(dataset, tokenizer, device)
@@ -254,7 +233,7 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
             preds[rank_order] = rank_preds
     assert (preds >= 0).all(), "every example is predicted exactly once"
     genres = dataset["genre"] if "genre" in dataset.column_names else None
-    model.train()
+    model.train(was_training)
     return classification_scores(np.asarray(dataset["label"]), preds, genres), preds
 
 
@@ -334,16 +313,6 @@ def live_progress(stream=None) -> bool:
     return tty or (bool(shell) and "IPKernelApp" in getattr(shell, "config", {}))
 
 
-def quiet_library_bars() -> None:
-    """Switch off the bars of datasets and transformers where nobody watches them."""
-    if not live_progress():
-        import datasets
-        import transformers
-
-        datasets.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
-
-
 def log_line(text: str) -> None:
     print(text, file=sys.stdout, flush=True)  # flushed: a collected log has it at once
 
@@ -418,140 +387,3 @@ def progress_line(rows: list[dict], total_steps: int) -> str:
     return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {loss:.4f} "
             f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s "
             f"{last.get('tokens_per_s', 0):.0f} tokens/s")
-
-
-# -- the hooks: TensorBoard scalars and the metric a Vertex AI tuning trial reports ----------------
-TUNABLE_SCORES = ("accuracy", "macro_f1")  # per-split scores (classification_scores) to tune on
-DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
-
-
-class TensorBoardCallback(TrainCallback):
-    """Scalars: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
-    Nothing is created before the first log, so a run that fails early leaves no empty log dir. A
-    gs:// log dir is written locally and handed to `upload(local_dir, uri)` at each evaluation
-    (`nli_helpers.storage.upload`, which `task.default_callbacks` passes): the loop itself never
-    talks to Cloud Storage."""
-
-    def __init__(self, log_dir: str | Path, upload: Callable[[str, str], object] | None = None):
-        self.log_dir, self.upload = str(log_dir), upload
-        self.remote = self.log_dir.startswith("gs://")
-        if self.remote and upload is None:
-            raise ConfigError(f"TensorBoardCallback({self.log_dir!r}) needs upload= for a gs:// "
-                              "log dir: pass upload=nli_helpers.storage.upload, or a local dir")
-        self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir's local copy
-        self._writer = None
-
-    @property
-    def writer(self):
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            if self.remote:
-                self.staging = tempfile.TemporaryDirectory(prefix="nli-tensorboard-")
-            self._writer = SummaryWriter(self.staging.name if self.remote else self.log_dir,
-                                         flush_secs=30)
-        return self._writer
-
-    def on_log(self, rows: list[dict]) -> None:
-        for row in rows:
-            self.writer.add_scalar("train/loss", row["loss"], row["step"])
-            self.writer.add_scalar("train/learning_rate", row["lr"], row["step"])
-            for key in ("examples_per_s", "tokens_per_s"):
-                if key in row:
-                    self.writer.add_scalar(f"throughput/{key}", row[key], row["step"])
-
-    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
-        for split, s in scores.items():
-            for key in TUNABLE_SCORES:
-                self.writer.add_scalar(f"{split}/{key}", s[key], step)
-        self.sync()
-
-    def on_train_end(self, metrics: dict) -> None:
-        self.sync()
-        if self._writer is not None:
-            self._writer.close()
-        if self.staging is not None:
-            self.staging.cleanup()
-
-    def sync(self) -> None:
-        if self._writer is None:
-            return
-        self._writer.flush()
-        if self.remote:
-            self.upload(self.staging.name, self.log_dir)
-
-
-def parse_hypertune_metric(metric: str) -> tuple[str, str]:
-    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"). A test split is refused:
-    a score it chose hyperparameters on would no longer estimate new data."""
-    score = next((s for s in TUNABLE_SCORES if metric.endswith("_" + s)), None)
-    if score is None:
-        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one "
-                          f"of {', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
-    split = metric[: -len(score) - 1]
-    if not split.startswith("validation"):
-        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning "
-                          "must choose on a validation split (validation_matched or "
-                          "validation_mismatched), never on a test split, whose score would then "
-                          "no longer estimate new data")
-    return split, score
-
-
-class HypertuneCallback(TrainCallback):
-    """After every evaluation, report one validation metric through Google's `cloudml-hypertune`,
-    which writes it to $CLOUD_ML_HP_METRIC_FILE for Vertex AI tuning to read."""
-
-    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
-        import hypertune
-
-        self.metric = metric
-        self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
-        self.reporter = hypertune.HyperTune()
-        self.path = Path(self.reporter.metric_path)
-
-    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
-        if self.split not in scores:
-            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but "
-                              f"this run evaluates only {', '.join(scores)}; pick one of those")
-        self.reporter.report_hyperparameter_tuning_metric(
-            hyperparameter_metric_tag=self.metric, metric_value=scores[self.split][self.score],
-            global_step=step)
-
-
-# -- SIGTERM: finish the step, checkpoint, exit with a code Vertex AI retries ----------------------
-class StopRequest:
-    requested = False
-    at: float | None = None
-
-    def since(self) -> str:
-        return f" {time.monotonic() - self.at:.1f} s after the signal" if self.at else ""
-
-
-@contextlib.contextmanager
-def sigterm_requests():
-    """While training, SIGTERM sets a flag that the loop reads after every optimizer step."""
-    stop = StopRequest()
-    if threading.current_thread() is not threading.main_thread():  # signals reach it only
-        yield stop
-        return
-
-    def request(signum, frame):
-        if stopped_by_torchrun_after_a_failure():
-            # Another rank failed and torchrun stops the rest: no checkpoint can follow, and this
-            # rank may be blocked in a collective where a flag is never read. Exit now.
-            os._exit(128 + signum)
-        if not stop.requested:
-            stop.requested, stop.at = True, time.monotonic()
-
-    previous = signal.signal(signal.SIGTERM, request)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def stopped_by_torchrun_after_a_failure() -> bool:
-    """Under `nli_helpers.launch`, a SIGTERM the launcher did not pass on comes from torchrun
-    stopping the surviving ranks after one failed (the launcher marks a preemption first)."""
-    markers = os.environ.get("NLI_PREEMPTED_MARKERS")
-    return bool(markers) and not os.path.exists(os.path.join(markers, "launcher-sigterm"))

@@ -21,12 +21,17 @@ ROWS = [{"premise": f"a man walks his dog number {i // 3} in the park",
          "label": ("entailment", "neutral", "contradiction")[i % 3]} for i in range(60)]
 
 
-def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600):
-    """Run `python -m nli_helpers.task` as a user would, returning the CompletedProcess."""
+def run_task(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600,
+             module: str = "nli_helpers.task"):
+    """Run `python -m nli_helpers.task` as a user would (or `module`: VERTEX_ENTRY, what the trainer
+    image runs on Vertex AI), returning the CompletedProcess."""
     import subprocess
 
-    return subprocess.run([sys.executable, "-m", "nli_helpers.task", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=timeout)
+
+
+VERTEX_ENTRY = "nli_helpers.vertex.entry"
 
 
 def on_a_small_disk(mount: Path, size_kib: int, argv: list[str], *, timeout: int = 600):

@@ -88,7 +88,7 @@ def test_a_second_run_into_a_live_run_s_job_dir_gets_one_clear_error_at_once(tmp
     import filelock
 
     from nli_helpers.config import NLIError, make_config
-    from nli_helpers.task import run_training
+    from nli_helpers.run import run_training
 
     held = filelock.FileLock(str(tmp_path / ".nli-run.lock"))
     held.acquire()  # the live run
@@ -116,7 +116,7 @@ class _FakeResult:
 
 
 def test_a_rerun_that_fails_to_save_leaves_the_earlier_finished_run_whole(tmp_path):
-    from nli_helpers.task import save_run
+    from nli_helpers.run import save_run
 
     (tmp_path / "model.safetensors").write_text("old weights")
     (tmp_path / "metrics.json").write_text('{"old": true}')
@@ -132,7 +132,7 @@ def test_a_rerun_that_fails_to_save_leaves_the_earlier_finished_run_whole(tmp_pa
 
 def test_a_rerun_into_a_finished_gcs_job_dir_drops_the_old_result_before_the_first_upload(gcs_bucket, monkeypatch):
     from nli_helpers import storage
-    from nli_helpers.task import save_run
+    from nli_helpers.run import save_run
 
     job = f"gs://{gcs_bucket}/runs/again"
     with storage.staged_output(job) as local:
@@ -156,7 +156,7 @@ def test_a_rerun_into_a_finished_gcs_job_dir_drops_the_old_result_before_the_fir
 
 def test_a_checkpoint_dir_under_a_file_is_refused_before_training_with_the_real_cause(tmp_path, tiny_model_dir):
     from nli_helpers.config import NLIError, make_config
-    from nli_helpers.task import run_training
+    from nli_helpers.run import run_training
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nli_helpers.launch import ClusterSpecError, cluster_layout, torchrun_command
+from nli_helpers.vertex.launch import ClusterSpecError, cluster_layout, torchrun_command
 from tests.helpers import ROOT
 
 
@@ -53,17 +53,17 @@ def test_torchrun_command_line():
     for arg in ("--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--master-addr=chief-0",
                 "--master-port=2222", "--rdzv-conf=timeout=900"):
         assert arg in cmd
-    assert cmd[-4:] == ["--module", "nli_helpers.task", "--profile", "full"]
+    assert cmd[-4:] == ["--module", "nli_helpers.vertex.entry", "--profile", "full"]
 
 
 def test_launcher_dry_run_reads_cluster_spec_and_refuses_reduction_servers():
     env = {**os.environ, "CLUSTER_SPEC": spec("workerpool1", index=0, workers=2)}
-    run = subprocess.run([sys.executable, "-m", "nli_helpers.launch", "--dry-run", "--", "--epochs", "1"],
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run", "--", "--epochs", "1"],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "worker node 1/3" in run.stdout and "--nproc-per-node=1" in run.stdout
     env["CLUSTER_SPEC"] = spec("workerpool2", workers=2, reducers=1)
-    run = subprocess.run([sys.executable, "-m", "nli_helpers.launch", "--dry-run"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     assert run.returncode == 2 and "Reduction Server pool" in run.stderr
 

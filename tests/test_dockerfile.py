@@ -20,6 +20,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
+import localcloud.rules
 from tests.helpers import ROOT
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -107,7 +108,7 @@ def test_the_image_carries_the_gpu_check_and_what_it_needs(steps):
     assert any(name == "COPY" and args.split()[0] == "benchmarks" for name, args in steps)
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any("accelerate" in r for r in extras["bench"]), "the GPU check's HF Trainer run needs accelerate"
-    assert '".[smoke,bench]"' in _runs(steps)
+    assert '".[smoke,bench,vertex]"' in _runs(steps)
 
 
 def test_apt_packages_from_google_s_repository_are_told_apart_from_debian_s(steps):
@@ -126,7 +127,7 @@ def test_pip_installs_the_package_under_the_constraints_and_keeps_torch(steps):
     assert len(package) == 1
     words = package[0]
     assert words[words.index("-c") + 1] == "constraints.txt"
-    assert ".[smoke,bench]" in words, "the package and the smoke model: a cloud job trains real weights"
+    assert ".[smoke,bench,vertex]" in words, "the package and the smoke model: a cloud job trains real weights"
     assert not any(w.startswith("torch") for w in words), "pip must keep the torch installed just before"
 
 
@@ -158,14 +159,16 @@ def test_cloud_build_builds_this_dockerfile_and_pushes_the_named_image():
     assert build["substitutions"] == {"_TORCH_CUDA": DEFAULT_TORCH_CUDA}
 
 
-def test_entry_point_runs_the_task_module_of_the_package(steps):
+def test_entry_point_runs_the_vertex_entry_of_the_package(steps):
+    """The trainer command with Vertex AI's side of a job wired in (nli_helpers/vertex/entry.py)."""
     (entrypoint,) = [args for name, args in steps if name == "ENTRYPOINT"]
     command = json.loads(entrypoint)  # exec form, so Vertex's args are appended as they are
     assert command[:2] == ["python", "-m"]
     module = command[2]
     spec = importlib.util.find_spec(module)
     assert spec is not None and Path(spec.origin).is_relative_to(ROOT / "nli_helpers")
-    assert "def main(" in Path(spec.origin).read_text() and '__name__ == "__main__"' in Path(spec.origin).read_text()
+    assert module == "nli_helpers.vertex.entry" == localcloud.rules.DEFAULT_ENTRYPOINT[2]
+    assert "command(VERTEX_AI)" in Path(spec.origin).read_text() and '__name__ == "__main__"' in Path(spec.origin).read_text()
 
 
 def test_cloud_build_uploads_exactly_the_build_context(steps):

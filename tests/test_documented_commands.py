@@ -43,7 +43,7 @@ NOTEBOOK_RUNS = documented(r"papermill [^\n]*?(notebooks/[\w/]+\.(?:ipynb|yaml))
 
 def test_the_docs_name_the_commands_this_test_checks():
     # The extraction itself: if it found nothing, every test below would pass on nothing.
-    assert {"nli_helpers.task", "nli_helpers.launch", "localcloud"} <= set(MODULES), MODULES
+    assert {"nli_helpers.task", "nli_helpers.vertex.launch", "localcloud"} <= set(MODULES), MODULES
     assert {"demo", "test", "train-smoke", "bench", "gpu-check", "image-check"} <= set(TARGETS), TARGETS
     assert "benchmarks/gpu_check.py" in SCRIPTS and NOTEBOOK_RUNS
 

@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from localcloud.vertex import free_port
 from nli_helpers import distributed
 from nli_helpers.config import ConfigError, make_config
-from tests.helpers import ROOT, run_task
+from nli_helpers.vertex.entry import replica_gpus
+from tests.helpers import ROOT, VERTEX_ENTRY, run_task
 
 CUDA = torch.device("cuda", 0)
 
@@ -73,10 +74,11 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
     env = {"CLUSTER_SPEC": json.dumps(spec)}
     args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
             "--max_train_samples", "16", "--job-dir", str(tmp_path / "job"))
-    proc = run_task(*args, env=env)
+    proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
-    assert distributed.vertex_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
-    forced = run_task(*args, "--allow-cpu", env=env)
+    assert replica_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
+    assert run_task(*args, env=env).returncode == 0  # the trainer command itself knows nothing of Vertex
+    forced = run_task(*args, "--allow-cpu", env=env, module=VERTEX_ENTRY)
     assert forced.returncode == 0, forced.stderr[-2000:]
 
 
@@ -198,7 +200,7 @@ def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_m
 
 
 def test_torchrun_stopping_the_survivors_is_not_taken_for_a_preemption(monkeypatch, tmp_path):
-    from nli_helpers.train import stopped_by_torchrun_after_a_failure
+    from nli_helpers.vertex.entry import stopped_by_torchrun_after_a_failure
 
     monkeypatch.delenv("NLI_PREEMPTED_MARKERS", raising=False)
     assert not stopped_by_torchrun_after_a_failure()  # plain torchrun or no launcher: a SIGTERM is a preemption

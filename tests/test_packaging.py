@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 
-from nli_helpers import packaging
 from nli_helpers.config import make_config
-from nli_helpers.vertex import build_sdist
+from nli_helpers.vertex import build_sdist, packaging
 from tests.helpers import ROOT
 
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_path

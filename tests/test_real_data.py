@@ -11,7 +11,7 @@ import pytest
 
 from nli_helpers.config import make_config
 from nli_helpers.data import load_nli_splits
-from nli_helpers.task import run_training
+from nli_helpers.run import run_training
 
 
 @pytest.mark.slow

@@ -13,8 +13,9 @@ import pytest
 
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
-from nli_helpers.task import run_training
-from nli_helpers.train import Preempted, StoppedWithoutCheckpoint, TrainCallback
+from nli_helpers.run import RunStopped, run_training
+from nli_helpers.train import TrainCallback
+from nli_helpers.vertex.entry import stopped_exit
 
 
 class SigtermAt(TrainCallback):
@@ -42,11 +43,21 @@ def cfg(job: Path, tiny_model_dir: str, **kw):
 
 
 def test_sigterm_without_checkpoints_says_so_and_exits_with_a_code_vertex_does_not_retry(tmp_path, tiny_model_dir):
-    with pytest.raises(StoppedWithoutCheckpoint, match="with no checkpoint to resume from .--keep_checkpoints 0") \
-            as err:
+    with pytest.raises(RunStopped, match="with no checkpoint to resume from .--keep_checkpoints 0") as err:
         run_training(cfg(tmp_path / "job", tiny_model_dir, keep_checkpoints=0), callbacks=[SigtermAt(step=1)])
-    assert err.value.exit_code == 143 and not isinstance(err.value, Preempted)
+    assert err.value.checkpoint is None and err.value.step == 1
+    assert stopped_exit(err.value, env={})[0] == 143  # on Vertex AI: permanent, no retry
     assert "checkpoint saved to None" not in str(err.value)
+
+
+def test_sigterm_with_a_checkpoint_exits_with_the_code_vertex_retries_and_marks_the_rank(tmp_path, tiny_model_dir):
+    with pytest.raises(RunStopped, match="checkpoint saved to .*Rerun with --resume auto") as err:
+        run_training(cfg(tmp_path / "job", tiny_model_dir), callbacks=[SigtermAt(step=1)])
+    assert err.value.checkpoint == latest_checkpoint(str(tmp_path / "job" / "checkpoints"))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    assert stopped_exit(err.value, env={"NLI_PREEMPTED_MARKERS": str(markers), "RANK": "3"})[0] == 134
+    assert (markers / "rank-3").read_text() == "preempted\n"  # what vertex.launch reads
 
 
 def test_sigterm_during_the_final_evaluation_checkpoints_the_last_step_and_finishes(tmp_path, tiny_model_dir):
@@ -69,7 +80,7 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
     lines = SAMPLE_PATH.read_text().splitlines()
     data.write_text("\n".join(lines) + "\n")
     job = tmp_path / "job"
-    with pytest.raises(Preempted):
+    with pytest.raises(RunStopped):
         run_training(cfg(job, tiny_model_dir, data=str(data)), callbacks=[SigtermAt(step=2)])
     data.write_text("\n".join(lines[:-12]) + "\n")  # the file changed under its name
     with pytest.raises(NLIError, match=f"the training pairs under data='{data}'"):

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from tests.helpers import ROWS, run_fails, run_task, truncated, write_jsonl
+from tests.helpers import ROWS, VERTEX_ENTRY, run_fails, run_task, truncated, write_jsonl
 
 
 def test_help_lists_every_field_with_its_help():
@@ -116,12 +116,18 @@ def test_a_short_run_writes_every_artefact(tmp_path, tiny_model_dir):
     assert "validation_matched acc" in proc.stdout
 
 
-def test_job_dir_defaults_to_aip_model_dir(tmp_path, tiny_model_dir):
-    job = tmp_path / "aip"
-    proc = run_task("--profile", "smoke", "--model-name", tiny_model_dir, "--epochs", "1",
-                    "--max_train_samples", "32", "--no-progress", env={"AIP_MODEL_DIR": str(job)})
+def test_on_vertex_the_job_dir_defaults_to_aip_model_dir_and_checkpoints_resume(tmp_path, tiny_model_dir):
+    """What the trainer image runs (nli_helpers.vertex.entry): Vertex AI's directories, and a restart resumes."""
+    job, checkpoints = tmp_path / "aip", tmp_path / "aip-checkpoints"
+    env = {"AIP_MODEL_DIR": str(job), "AIP_CHECKPOINT_DIR": str(checkpoints)}
+    args = ("--profile", "smoke", "--model-name", tiny_model_dir, "--epochs", "2", "--max_train_samples", "32",
+            "--no-progress")
+    proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 0, proc.stderr
-    assert (job / "metrics.json").is_file()
+    assert (job / "metrics.json").is_file() and list(checkpoints.glob("checkpoint-*"))
+    assert "AIP_CHECKPOINT_DIR is set (Vertex AI): resuming" in proc.stdout
+    again = run_task(*args, env=env, module=VERTEX_ENTRY)  # Vertex AI restarts a replica with the same command
+    assert again.returncode == 0 and "resuming from " + str(checkpoints) in again.stdout, again.stderr
 
 
 # -- what a person sees: a bar in a terminal, plain lines in a collected log (a file, a pipe, Cloud Logging) ------

@@ -1,5 +1,5 @@
-"""The hooks: TensorBoard scalars and the hypertune report (nli_helpers.train), and the ones the command attaches
-(task.default_callbacks), from a real (tiny) training run.
+"""The hooks: TensorBoard scalars (nli_helpers.tracking) and the hypertune report (nli_helpers.vertex.entry), and the
+ones a run attaches (run.default_callbacks, and entry.callbacks on Vertex AI), from a real (tiny) training run.
 
 The event files are read back with TensorBoard's own EventAccumulator; the hypertune file is compared with
 what the `cloudml-hypertune` package itself writes.
@@ -13,8 +13,10 @@ import pytest
 
 from nli_helpers import storage
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.task import default_callbacks, run_training
-from nli_helpers.train import HypertuneCallback, TensorBoardCallback
+from nli_helpers.run import default_callbacks, run_training
+from nli_helpers.tracking import TensorBoardCallback
+from nli_helpers.vertex import entry
+from nli_helpers.vertex.entry import HypertuneCallback
 from tests.helpers import read_metric_file, read_scalars
 
 TRIAL_ID = "5"
@@ -22,7 +24,7 @@ TRIAL_ID = "5"
 
 @pytest.fixture(scope="module")
 def trial_run(tmp_path_factory, tiny_model_dir):
-    """A tuning trial as Vertex AI starts one: only the environment says so; run_training adds the callbacks."""
+    """A tuning trial as Vertex AI starts one: only the environment says so; the entry point adds the callbacks."""
     tmp = tmp_path_factory.mktemp("trial")
     metric_file = tmp / "hypertune" / "output.metrics"
     cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=1, batch_size=8, max_train_samples=32,
@@ -31,7 +33,7 @@ def trial_run(tmp_path_factory, tiny_model_dir):
         mp.setenv("CLOUD_ML_TRIAL_ID", TRIAL_ID)
         mp.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
         mp.delenv("AIP_TENSORBOARD_LOG_DIR", raising=False)
-        result = run_training(cfg, verbose=False)
+        result = run_training(entry.configure(cfg), verbose=False, callbacks=entry.callbacks(cfg))
     return result, metric_file, tmp / "job"
 
 
@@ -87,22 +89,24 @@ def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
 
 def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
     cfg = make_config("smoke")
-    local = default_callbacks(cfg, str(tmp_path / "job"), env={})
+    local = default_callbacks(cfg, str(tmp_path / "job"))
     assert [type(c) for c in local] == [TensorBoardCallback]
     assert local[0].log_dir == str(tmp_path / "job" / "tensorboard")
     assert not (tmp_path / "job").exists()  # nothing is created before the first log
+    assert entry.callbacks(cfg, env={}) == []  # off Vertex AI, the entry point adds nothing
 
     env = {"CLOUD_ML_TRIAL_ID": "2", "AIP_TENSORBOARD_LOG_DIR": "gs://b/hp/2/logs/",
            "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}
     for name, value in env.items():  # a trial's environment, which cloudml-hypertune reads
         monkeypatch.setenv(name, value)
-    board, report = default_callbacks(cfg, "gs://b/hp/2/model/")
+    board, report = entry.callbacks(cfg)
+    assert default_callbacks(cfg, "gs://b/hp/2/model/", given=[board, report]) == []  # Vertex AI's log dir wins
     assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
     assert report.metric == "validation_mismatched_accuracy" and report.reporter.trial_id == "2"
     assert report.path == tmp_path / "m"
 
-    asked = make_config("smoke", hypertune_metric="validation_matched_macro_f1")
-    (report,) = default_callbacks(asked, "job", given=[board])  # no second TensorBoard
+    asked = make_config("smoke", tuning_metric="validation_matched_macro_f1")
+    _, report = entry.callbacks(asked)
     assert (report.split, report.score) == ("validation_matched", "macro_f1")  # the config wins over the tag
 
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.distributed import resolve_precision
 from nli_helpers.model import predict
-from nli_helpers.task import run_training
+from nli_helpers.run import run_training
 from nli_helpers.train import TrainCallback
 
 

@@ -87,7 +87,7 @@ def _custom_job(fake, bucket: str, args: list[str]) -> aiplatform.CustomJob:
 
 # -- the tuning job as the fake receives it -------------------------------------------------------------------
 def test_tuning_job_request_body(fake_vertex, gcs_bucket):
-    cfg = make_config("smoke", model_name="tiny-random", hypertune_metric="validation_matched_accuracy")
+    cfg = make_config("smoke", model_name="tiny-random", tuning_metric="validation_matched_accuracy")
     searched = ("--learning_rate=", "--weight_decay=", "--warmup_ratio=", "--batch_size=")
     args = [a for a in vertex.job_args(cfg) if not a.startswith(searched)] + ["--checkpoint_every_minutes=10"]
     vertex.validate_search_space(SPACE, cfg)
@@ -117,7 +117,7 @@ def test_tuning_job_request_body(fake_vertex, gcs_bucket):
     assert spec["scheduling"]["strategy"] == Scheduling.Strategy.SPOT.value
     (pool,) = spec["workerPoolSpecs"]
     assert pool["containerSpec"]["imageUri"] == IMAGE and "--model_name=tiny-random" in pool["containerSpec"]["args"]
-    assert "--hypertune_metric=validation_matched_accuracy" in pool["containerSpec"]["args"]
+    assert "--tuning_metric=validation_matched_accuracy" in pool["containerSpec"]["args"]
     assert not fake_vertex.unknown_requests
     job.cancel()
 

@@ -63,19 +63,19 @@ def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
                                         "accelerator_count": 2}
         # Several processes: the image's ENTRYPOINT (the trainer) gives way to the torchrun launcher.
         assert pool["container_spec"] == {"image_uri": "gcr.io/p/trainer:1", "command": ["python", "-m",
-                                          "nli_helpers.launch"], "args": ["--", *vertex.job_args(cfg)]}
+                                          "nli_helpers.vertex.launch"], "args": ["--", *vertex.job_args(cfg)]}
 
 
 def test_one_process_runs_the_trainer_itself_and_several_go_through_the_launcher():
     cfg = make_config("smoke", **TINY_JOB)
-    for machine, module in [(Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1), "nli_helpers.task"),
-                            (Machine("n1-standard-4", None, 0), "nli_helpers.task"),
-                            (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2), "nli_helpers.launch"),
-                            (Machine("n1-standard-4", None, 0, replica_count=2), "nli_helpers.launch")]:
+    for machine, module in [(Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1), "nli_helpers.vertex.entry"),
+                            (Machine("n1-standard-4", None, 0), "nli_helpers.vertex.entry"),
+                            (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2), "nli_helpers.vertex.launch"),
+                            (Machine("n1-standard-4", None, 0, replica_count=2), "nli_helpers.vertex.launch")]:
         (pool, *_) = vertex.python_package_worker_pools(cfg, machine, "gs://b/p.tar.gz", executor_image_uri=IMAGE_2_4)
         assert pool["python_package_spec"]["python_module"] == module, machine
         args = pool["python_package_spec"]["args"]
-        assert args == (vertex.job_args(cfg) if module == "nli_helpers.task" else ["--", *vertex.job_args(cfg)])
+        assert args == (vertex.job_args(cfg) if module == "nli_helpers.vertex.entry" else ["--", *vertex.job_args(cfg)])
 
 
 @pytest.mark.parametrize("torch_version, gpu, region, image", [
@@ -378,7 +378,7 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
         assert pool["machineSpec"] == {"machineType": "n1-standard-8",
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_T4.value, "acceleratorCount": 2}
         assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package_uri],
-                                             "pythonModule": "nli_helpers.launch",
+                                             "pythonModule": "nli_helpers.vertex.launch",
                                              "args": ["--", *vertex.job_args(cfg), budget]}
     trainer = config_from_args(spec["workerPoolSpecs"][0]["pythonPackageSpec"]["args"][1:])
     assert trainer.checkpoint_every_minutes == vertex.SPOT_CHECKPOINT_EVERY_MINUTES

@@ -1,5 +1,5 @@
 """Multi-worker Vertex AI jobs: chief + workers + Reduction Server pools, what each replica learns from CLUSTER_SPEC,
-and a two-node job that the fake runs through `python -m nli_helpers.launch` (torchrun, gloo on the CPU).
+and a two-node job that the fake runs through `python -m nli_helpers.vertex.launch` (torchrun, gloo on the CPU).
 
 Request bodies are asserted as the fake received them from the real aiplatform SDK (enums as integers, int64 as
 strings); the CLUSTER_SPEC of each replica is built from the job the fake stored, as Vertex builds it.
@@ -15,11 +15,11 @@ from google.cloud.aiplatform_v1.types import AcceleratorType
 
 from localcloud import TRAINER_IMAGE
 from localcloud.vertex import cluster_spec, replica_names, vertex_env
-from nli_helpers import launch, vertex
+from nli_helpers import vertex
 from nli_helpers.config import make_config
-from nli_helpers.distributed import vertex_gpus
-from nli_helpers.launch import cluster_layout, torchrun_command
-from nli_helpers.vertex import Machine, ReductionServer, pricing
+from nli_helpers.vertex import Machine, ReductionServer, launch, pricing
+from nli_helpers.vertex.entry import replica_gpus
+from nli_helpers.vertex.launch import cluster_layout, torchrun_command
 
 # Fixtures: fake_vertex, fake_vertex_runner (tests/fake_vertex.py over localcloud/).
 pytest_plugins = ["tests.fake_vertex"]
@@ -55,7 +55,7 @@ def test_python_package_job_sends_chief_workers_and_reduction_server(fake_vertex
         assert pool["machineSpec"] == {"machineType": "g2-standard-24", "acceleratorCount": 2,
                                        "acceleratorType": AcceleratorType.NVIDIA_L4.value}
         assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package],
-                                             "pythonModule": "nli_helpers.launch",
+                                             "pythonModule": "nli_helpers.vertex.launch",
                                              "args": ["--", *vertex.job_args(cfg)]}
     assert sent[2] == {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": "3",
                        "containerSpec": {"imageUri": "us-docker.pkg.dev/vertex-ai-restricted/training/"
@@ -75,7 +75,7 @@ def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_v
     for pool in sent[:2]:
         assert pool["machineSpec"] == {"machineType": "a2-highgpu-2g", "acceleratorCount": 2,
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_A100.value}
-        assert pool["containerSpec"] == {"imageUri": image, "command": ["python", "-m", "nli_helpers.launch"],
+        assert pool["containerSpec"] == {"imageUri": image, "command": ["python", "-m", "nli_helpers.vertex.launch"],
                                          "args": ["--", *vertex.job_args(cfg)]}
     assert sent[2]["containerSpec"] == {"imageUri": vertex.REDUCTION_SERVER_IMAGE}
     assert sent[2]["machineSpec"] == {"machineType": vertex.REDUCTION_SERVER_MACHINE_TYPE}
@@ -88,7 +88,7 @@ def test_pools_table_shows_each_pool():
     assert [(r["pool"], r["role"], r["replicas"], r["gpus"]) for r in rows] == [
         ("workerpool0", "chief", 1, "2 x NVIDIA_L4"), ("workerpool1", "workers", 3, "2 x NVIDIA_L4"),
         ("workerpool2", "reduction server", 2, "-")]
-    assert rows[0]["runs"] == "nli_helpers.launch" and rows[0]["args"].startswith("-- --profile=smoke")
+    assert rows[0]["runs"] == "nli_helpers.vertex.launch" and rows[0]["args"].startswith("-- --profile=smoke")
     assert rows[2]["image"] == vertex.REDUCTION_SERVER_IMAGE and rows[2]["machine"] == "n1-highcpu-16"
 
 
@@ -111,8 +111,8 @@ def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gc
 
     layouts = {name: cluster_layout(cluster_spec(proto, name, hosts)) for name in names}
     # The job spec in CLUSTER_SPEC tells each training replica its GPUs: a replica without them refuses to train.
-    assert vertex_gpus(cluster_spec(proto, "workerpool1-0", hosts)) == ("NVIDIA_L4", 2)
-    assert vertex_gpus(cluster_spec(proto, "workerpool2-0", hosts)) is None  # reducers have none
+    assert replica_gpus(cluster_spec(proto, "workerpool1-0", hosts)) == ("NVIDIA_L4", 2)
+    assert replica_gpus(cluster_spec(proto, "workerpool2-0", hosts)) is None  # reducers have none
     chief_host = hosts["workerpool0-0"].split(":")[0]
     training = [layouts[n] for n in names[:4]]
     assert [(lay.role, lay.node_rank) for lay in training] == [("chief", 0), ("worker", 1), ("worker", 2), ("worker", 3)]
@@ -142,7 +142,7 @@ def test_launcher_reads_the_cluster_spec_from_the_environment(fake_vertex, gcs_b
         assert launch.main(["--dry-run", "--", *pools[0]["container_spec"]["args"][1:]]) == 0
         printed = capsys.readouterr().out
         assert f"[launch] {role} node {rank}/3" in printed and "--master-addr=10.0.0.0" in printed
-        assert "--module nli_helpers.task --profile=smoke" in printed
+        assert "--module nli_helpers.vertex.entry --profile=smoke" in printed
     monkeypatch.setenv("CLUSTER_SPEC", cluster_spec(proto, "workerpool2-0", hosts))
     assert launch.main(["--dry-run"]) == 2  # a reducer replica never runs the trainer
 

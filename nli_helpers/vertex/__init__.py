@@ -12,79 +12,63 @@ fetch its outputs. The [vertex] extra; the trainer never imports it.
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
 
 Every job runs the trainer image docker/Dockerfile builds (`images`): `python -m nli_helpers.task`,
-or `python -m nli_helpers.launch --` (torchrun) for several processes. `Machine(...,
+or `python -m nli_helpers.vertex.launch --` (torchrun) for several processes. `Machine(...,
 replica_count=N)` gives a chief and N-1 workers; `reduction_server=ReductionServer(K)` adds
 Google's reducers. Vertex gives the job AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
 AIP_TENSORBOARD_LOG_DIR under base_output_dir. No prebuilt PyTorch image can run this package
 (`prebuilt_image_problem`), so preflight refuses the python-package path.
 """
 
-from nli_helpers.packaging import build_sdist, stage_package
-from nli_helpers.vertex.pricing import estimate_cost, estimate_job_cost
+import importlib
 
-from .errors import JobFailedError, NoPrebuiltImageError, NotSubmitted, PreflightError, VertexError
-from .images import (
-    DEFAULT_TORCH_CUDA,
-    GPU_COMPUTE_CAPABILITY,
-    PREBUILT_PYTORCH_IMAGES,
-    TORCH_CUDA_BUILDS,
-    image_gpu_problem,
-    image_torch_cuda,
-    image_torch_version,
-    local_torch_version,
-    newest_prebuilt_image_uri,
-    package_torch_requirement,
-    prebuilt_image_problem,
-    prebuilt_image_uri,
-    prebuilt_images_table,
-    torch_minor,
-    trainer_image_build_commands,
-    trainer_image_uri,
-)
-from .jobs import (
-    API_ENDPOINT_ENV,
-    CLOUDS,
-    VertexSettings,
-    check_cloud,
-    confirm_submit,
-    fetch_outputs,
-    init_vertex,
-    logs_url,
-    queued_help,
-    submit_custom_job,
-    watch_job,
-)
-from .pools import (
-    REDUCTION_SERVER_IMAGE,
-    REDUCTION_SERVER_MACHINE_TYPE,
-    SPOT_CHECKPOINT_EVERY_MINUTES,
-    Machine,
-    ReductionServer,
-    container_worker_pools,
-    job_args,
-    job_config,
-    pools_table,
-    python_package_worker_pools,
-    reduction_server_image,
-    spot_worker_pools,
-    stage_data,
-)
-from .preflight import bucket_location_check, preflight
-from .tuning import validate_search_space
-
+# Names load on first use (PEP 562): the trainer image runs `python -m nli_helpers.vertex.entry`,
+# which needs none of the submission side (google-cloud-aiplatform) that these modules import.
+_MODULES = {
+    ".packaging": (
+        "build_sdist", "stage_package"
+    ),
+    ".pricing": (
+        "estimate_cost", "estimate_job_cost"
+    ),
+    ".errors": (
+        "JobFailedError", "NoPrebuiltImageError", "NotSubmitted", "PreflightError",
+        "VertexError"
+    ),
+    ".images": (
+        "DEFAULT_TORCH_CUDA", "GPU_COMPUTE_CAPABILITY", "PREBUILT_PYTORCH_IMAGES",
+        "TORCH_CUDA_BUILDS", "image_gpu_problem", "image_torch_cuda", "image_torch_version",
+        "local_torch_version", "newest_prebuilt_image_uri", "package_torch_requirement",
+        "prebuilt_image_problem", "prebuilt_image_uri", "prebuilt_images_table",
+        "torch_minor", "trainer_image_build_commands", "trainer_image_uri"
+    ),
+    ".jobs": (
+        "API_ENDPOINT_ENV", "CLOUDS", "VertexSettings", "check_cloud", "confirm_submit",
+        "fetch_outputs", "init_vertex", "logs_url", "queued_help", "submit_custom_job",
+        "watch_job"
+    ),
+    ".pools": (
+        "REDUCTION_SERVER_IMAGE", "REDUCTION_SERVER_MACHINE_TYPE",
+        "SPOT_CHECKPOINT_EVERY_MINUTES", "Machine", "ReductionServer",
+        "container_worker_pools", "job_args", "job_config", "pools_table",
+        "python_package_worker_pools", "reduction_server_image", "spot_worker_pools",
+        "stage_data"
+    ),
+    ".tuning": (
+        "validate_search_space",
+    ),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 # What the notebooks, README, docs, localcloud and tests call; the rest stays in its module.
-__all__ = [
-    "API_ENDPOINT_ENV", "CLOUDS", "DEFAULT_TORCH_CUDA", "GPU_COMPUTE_CAPABILITY", "JobFailedError",
-    "Machine", "NoPrebuiltImageError", "NotSubmitted", "PREBUILT_PYTORCH_IMAGES", "PreflightError",
-    "REDUCTION_SERVER_IMAGE", "REDUCTION_SERVER_MACHINE_TYPE", "ReductionServer",
-    "SPOT_CHECKPOINT_EVERY_MINUTES", "TORCH_CUDA_BUILDS", "VertexError", "VertexSettings",
-    "bucket_location_check", "build_sdist", "check_cloud", "confirm_submit",
-    "container_worker_pools", "estimate_cost", "estimate_job_cost", "fetch_outputs",
-    "image_gpu_problem", "image_torch_cuda", "image_torch_version", "init_vertex", "job_args",
-    "job_config", "local_torch_version", "logs_url", "newest_prebuilt_image_uri",
-    "package_torch_requirement", "pools_table", "prebuilt_image_problem", "prebuilt_image_uri",
-    "prebuilt_images_table", "preflight", "python_package_worker_pools", "queued_help",
-    "reduction_server_image", "spot_worker_pools", "stage_data", "stage_package",
-    "submit_custom_job", "torch_minor", "trainer_image_build_commands", "trainer_image_uri",
-    "validate_search_space", "watch_job",
-]
+__all__ = sorted([*_WHERE, "bucket_location_check", "preflight"])
+# Bound at once (no aiplatform in it): `preflight` names its module too, and the first import of
+# that module would otherwise leave the module where the function is asked for.
+from .preflight import bucket_location_check, preflight  # noqa: E402, F401
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _WHERE[name]
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -22,9 +22,10 @@ from nli_helpers.vertex.pricing import POOL_ROLES
 
 from .errors import VertexError
 from .images import local_torch_version, prebuilt_image_uri, registry_host
+from .launch import ENTRY_MODULE
 
-TASK_MODULE = "nli_helpers.task"
-LAUNCH_MODULE = "nli_helpers.launch"  # reads CLUSTER_SPEC and starts torchrun on each replica
+LAUNCH_MODULE = "nli_helpers.vertex.launch"  # reads CLUSTER_SPEC, starts torchrun on each replica
+TASK_MODULE = ENTRY_MODULE  # the image's ENTRYPOINT: the trainer command with Vertex AI's side
 # Reducers need network bandwidth, not memory, and a VM's bandwidth grows with its vCPUs. Vertex's
 # distributed-training page: "We recommend that you use the n1-highcpu-16 machine type for
 # Reduction Server nodes", from one of three multi-region copies of the image (us-, europe- and

@@ -18,7 +18,7 @@ from google.cloud.aiplatform import hyperparameter_tuning as hpt
 from nli_helpers.config import ConfigError, TrainConfig
 
 # Fields a search may not vary: where the run writes, what it reports, how it is shown.
-NOT_SEARCHABLE = ("profile", "job_dir", "checkpoint_dir", "resume", "hypertune_metric", "progress",
+NOT_SEARCHABLE = ("profile", "job_dir", "checkpoint_dir", "resume", "tuning_metric", "progress",
                   "data", "allow_cpu")
 FIELD_NAMES = set(TrainConfig.field_names())
 SCALES = ("linear", "log", "reverse_log")

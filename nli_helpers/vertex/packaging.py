@@ -1,8 +1,9 @@
 """Build the trainer's sdist and install it the way docker/Dockerfile builds the trainer image.
 
-The image is Python with the pinned torch, then `pip install <sdist>[smoke]` under constraints.txt,
-running `python -m nli_helpers.task ARGS`. This module repeats that here, so a broken package fails
-before a cloud job does (notebook 03, tests/test_packaging.py and the local Vertex fake use it):
+The image is Python with the pinned torch, then `pip install <sdist>[smoke,vertex]` under
+constraints.txt, running `python -m nli_helpers.vertex.entry ARGS`. This module repeats that here,
+so a broken package fails before a cloud job does (notebook 03, tests/test_packaging.py and the
+local Vertex fake use it):
 
     >>> sdist = build_sdist("runs/package/dist")
     >>> sdist_members(sdist)                        # [(path inside the sdist, bytes), ...]
@@ -31,11 +32,16 @@ from packaging.requirements import Requirement
 from nli_helpers import storage
 from nli_helpers.config import NLIError, TrainConfig, cache_dir, make_config
 
-CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
+from .launch import ENTRY_MODULE
+
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints.txt"
 # What a container would not have: the checkout on the path, the notebook's venv, the data file;
 # and a Jupyter kernel's colour switches, which put ANSI codes into the output parsed here.
 HOST_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NLI_REAL_DATA", "FORCE_COLOR",
                  "CLICOLOR_FORCE")
+# What docker/Dockerfile installs besides torch, but the benchmarks' [bench]: the smoke model, and
+# cloudml-hypertune and google-cloud-storage that the Vertex AI entry point uses.
+IMAGE_EXTRAS = "smoke,vertex"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 KEEP_IMAGE_VENVS = 2  # the one just built and the one before it: about 4 GB
 TIMEOUT_S = 1800
@@ -74,7 +80,7 @@ PACKAGE_PREFIX = "nli-packages"
 
 def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | None = None) -> Path:
     """Run `python -m build --sdist` on the project and return the .tar.gz path."""
-    project = Path(project_dir) if project_dir else Path(__file__).resolve().parents[1]
+    project = Path(project_dir) if project_dir else Path(__file__).resolve().parents[2]
     if not (project / "pyproject.toml").is_file():
         raise PackagingError(f"no pyproject.toml in {project}: build_sdist needs the project's "
                              "source checkout")
@@ -181,7 +187,7 @@ def sdist_digest(sdist: str | Path, *extra: bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def image_venv(sdist: str | Path, *, extras: str = "smoke", torch_index_url: str | None = None,
+def image_venv(sdist: str | Path, *, extras: str = IMAGE_EXTRAS, torch_index_url: str | None = None,
                constraints: str | Path | None = None, rebuild: bool = False) -> ImageVenv:
     """The venv the trainer image would be: the pinned torch, then `pip install <sdist>[extras]`.
 
@@ -260,7 +266,7 @@ def installed_version(python: str | Path, dist: str, *, cwd: str | Path) -> str:
     return found.group(1) if found else ""
 
 
-def check_run_config(profile: str = "smoke", *, extras: str = "smoke", verbose: bool = False,
+def check_run_config(profile: str = "smoke", *, extras: str = IMAGE_EXTRAS, verbose: bool = False,
                      **overrides) -> TrainConfig:
     """`make_config` for a check run of the installed package (notebook 03), except that `smoke`
     without a model named trains `tiny-random` when `extras` leave out [smoke] (the MiniLM)."""
@@ -277,7 +283,7 @@ def run_task(python: str | Path, cfg: TrainConfig, *,
     if not cfg.job_dir:
         raise PackagingError("set cfg.job_dir: the run's model and metrics.json go there")
     env = OFFLINE_ENV if cfg.profile == "smoke" else {}
-    proc = run_module(python, "nli_helpers.task", [*cfg.to_cli_args(), "--no-progress"], cwd=cwd,
+    proc = run_module(python, ENTRY_MODULE, [*cfg.to_cli_args(), "--no-progress"], cwd=cwd,
                       env=env)
     if proc.returncode:
         raise PackagingError(f"the installed trainer exited {proc.returncode}:\n"

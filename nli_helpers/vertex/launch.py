@@ -1,17 +1,19 @@
 """Start the trainer on every process of this node through torchrun: Vertex AI's multi-node entry.
 
-    python -m nli_helpers.launch -- --profile full --epochs 2          # on each Vertex replica
-    python -m nli_helpers.launch --nproc-per-node 2 -- --profile smoke  # two CPU processes here
-    python -m nli_helpers.launch --dry-run -- --profile smoke           # print the command only
+    python -m nli_helpers.vertex.launch -- --profile full --epochs 2          # on each replica
+    python -m nli_helpers.vertex.launch --nproc-per-node 2 -- --profile smoke  # 2 CPU processes
+    python -m nli_helpers.vertex.launch --dry-run -- --profile smoke           # print the command
 
 One process per visible GPU (one on a CPU), nodes from Vertex's CLUSTER_SPEC. A SIGTERM
-(preemption) goes on to the trainers, which checkpoint and exit 134; torchrun itself exits 1
-whatever its workers did, so this launcher turns a preemption back into the code Vertex retries.
+(preemption) goes on to the trainers (`vertex.entry`), which checkpoint and exit 134; torchrun
+itself exits 1 whatever its workers did, so this launcher turns a preemption back into the code
+Vertex retries.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -23,11 +25,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import NLIError
+from nli_helpers.config import NLIError
 
-# Each trainer process that stops for a SIGTERM leaves a file in this folder (task.mark_preempted).
-PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
-RESTARTABLE_EXIT_CODE = 134  # = train.RESTARTABLE_EXIT_CODE, not imported: no torch at start-up
+from .environment import (
+    CLUSTER_SPEC_ENV,
+    LAUNCHER_SIGTERM,
+    PREEMPTED_MARKERS_ENV,
+    RESTARTABLE_EXIT_CODE,
+)
+
+ENTRY_MODULE = "nli_helpers.vertex.entry"  # what torchrun starts on every process
 # torchrun's default 30 s can cut a checkpoint's upload short (benchmarks/README.md, "Preemption").
 SHUTDOWN_TIMEOUT_S = 300
 REDUCTION_SERVER_POOL = "workerpool2"
@@ -58,7 +65,7 @@ def cluster_layout(cluster_spec: str | dict | None = None,
     workers (pool 1); Reduction Server replicas (pool 2) run Google's image, not torch.
     """
     env = os.environ if env is None else env
-    spec = cluster_spec if cluster_spec is not None else env.get("CLUSTER_SPEC")
+    spec = cluster_spec if cluster_spec is not None else env.get(CLUSTER_SPEC_ENV)
     if not spec:
         return ClusterLayout(1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
                              int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)), "chief")
@@ -88,8 +95,6 @@ def processes_per_node() -> int:
 def torchrun_has_shutdown_timeout() -> bool:
     """--shutdown-timeout came with pytorch/pytorch#172596, after torch 2.6 (pyproject's floor);
     an older torchrun always gives its workers 30 s."""
-    import dataclasses
-
     from torch.distributed.launcher.api import LaunchConfig
 
     return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
@@ -108,14 +113,14 @@ def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list
             f"--nproc-per-node={nproc_per_node}",
             f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}",
             f"--rdzv-conf=timeout={rendezvous_timeout_s}", f"--max-restarts={max_restarts}",
-            *shutdown, "--module", "nli_helpers.task", *task_args]
+            *shutdown, "--module", ENTRY_MODULE, *task_args]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, task_args = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv
                        else (argv, []))
-    parser = argparse.ArgumentParser(prog="python -m nli_helpers.launch",
+    parser = argparse.ArgumentParser(prog="python -m nli_helpers.vertex.launch",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc-per-node", type=int, default=None,
                         help="default: visible GPUs, or 1 on a CPU")
@@ -155,7 +160,7 @@ def run_torchrun(command: list[str]) -> int:
 
         def forward(signum, frame):
             signalled.append(signum)
-            (markers / "launcher-sigterm").touch()  # the trainers then checkpoint (see train.py)
+            (markers / LAUNCHER_SIGTERM).touch()  # the trainers then checkpoint (entry.py)
             child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -1,0 +1,295 @@
+"""One run: load the data and model a `TrainConfig` names, train, evaluate, save. What the
+`nli_helpers.task` command, notebooks and papermill call.
+
+    >>> result = run_training(make_config("smoke"))          # runs/train-<time>/
+    >>> result.metrics["validation_matched"]["accuracy"]
+
+The run folder (`cfg.job_dir`, else `runs/train-<time>`; local or gs://) is one `from_pretrained`
+loads, with `metrics.json` written last to mark a finished run. A SIGTERM while it trains ends the
+run with a checkpoint (`result.stopped`); one during the final save lets the save finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import datasets
+import filelock
+import transformers
+from safetensors import SafetensorError
+from transformers import set_seed
+
+from . import storage
+from .checkpoint import checkpoint_root, latest_checkpoint, unsaved_model_message
+from .config import NLIError, TrainConfig, batch_line
+from .data import load_nli_splits, tokenize_splits
+from .distributed import (
+    broadcast_from_main,
+    check_accelerator,
+    device_for,
+    init_distributed,
+    on_main_process,
+    resolve_precision,
+    shutdown_distributed,
+)
+from .model import check_model_fits, load_model_and_tokenizer
+from .tracking import TensorBoardCallback
+from .train import TrainCallback, TrainResult, live_progress, summary_line, train
+
+log = logging.getLogger(__name__)
+
+
+def quiet_library_bars() -> None:
+    """Switch off the bars of datasets and transformers where nobody watches them."""
+    if not live_progress():
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+
+
+class RunStopped(NLIError):
+    """A SIGTERM ended the run before it finished: after `step`, with `checkpoint` (None: none)."""
+
+    def __init__(self, message: str, step: int, checkpoint: str | None):
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
+def run_training(cfg: TrainConfig, *, verbose: bool = True,
+                 callbacks: Sequence[TrainCallback] = (),
+                 exit_on_sigterm: Callable[[], bool] = lambda: False) -> TrainResult:
+    """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`. A SIGTERM
+    while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
+    (a launcher stopping the ranks after one failed) exits at once instead."""
+    check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
+    job_dir = cfg.job_dir or default_job_dir()
+    check_job_dir(job_dir)
+    if cfg.checkpoint_dir:  # fail now, not after an epoch, when the checkpoints cannot be written
+        check_job_dir(cfg.checkpoint_dir, what="checkpoint dir", flag="--checkpoint_dir")
+    quiet_library_bars()
+    callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
+    info = init_distributed()
+    root = checkpoint_root(cfg.checkpoint_dir, job_dir)
+    try:
+        with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
+            result = _train_and_save(cfg, job_dir, root, info, callbacks,
+                                     verbose and info.is_main, exit_on_sigterm)
+    finally:
+        shutdown_distributed()
+    if verbose:
+        print(f"done in {result.metrics['train']['seconds']:.0f}s "
+              f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
+              + summary_line({k: v for k, v in result.metrics.items()
+                              if k.startswith("validation")}))
+        print(f"saved to {job_dir}")
+    return result
+
+
+def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
+                    verbose: bool, exit_on_sigterm: Callable[[], bool]) -> TrainResult:
+    device = device_for(info)
+    precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
+    splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
+                             fraction_of_train_data=cfg.fraction_of_train_data,
+                             max_train_samples=cfg.max_train_samples,
+                             max_eval_samples=cfg.max_eval_samples)
+    set_seed(cfg.seed)  # the classifier head is initialised in the next line
+    model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
+    check_model_fits(model, tokenizer, cfg.max_length, cfg.model_name or "minilm-l6")
+    if verbose:
+        print(f"data: {splits.report}")
+        print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+              f"parameters) on {device}, {precision}")
+        print(batch_line(cfg, info.world_size))
+    tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
+    resume_from = cfg.resume
+    if cfg.resume == "auto":  # rank 0 chooses for all: nodes' checkpoint folders could disagree
+        resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
+    if verbose and cfg.resume:
+        print(f"resuming from {resume_from}" if resume_from
+              else f"no complete checkpoint in {root}: starting fresh")
+    # A SIGTERM while training stops the loop at the ranks' next agreement, with a checkpoint; one
+    # after the loop must not kill the final save half-way: the save is seconds long and finishes
+    # within the platform's grace period, so the run ends whole.
+    with sigterm_requests(exit_on_sigterm) as stop:
+        result = train(cfg, model, tokenizer, tokenized, device=device, info=info,
+                       callbacks=callbacks, checkpoint_root=root, resume_from=resume_from,
+                       should_stop=lambda: stop.requested)
+        if result.stopped is None:  # every rank has the same weights: one writes them
+            on_main_process(lambda: save_run(result, job_dir, root), info)
+    if result.stopped is not None:
+        raise stopped_error(result.stopped.step, result.stopped.checkpoint, stop, cfg)
+    if stop.requested and verbose:
+        print(f"SIGTERM arrived during the final save{stop.since()}; the run was saved whole")
+    return result
+
+
+def stopped_error(step: int, checkpoint: str | None, stop: StopRequest,
+                  cfg: TrainConfig) -> RunStopped:
+    if checkpoint is None:
+        return RunStopped(
+            f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
+            f"from (--keep_checkpoints {cfg.keep_checkpoints}): a restart would start from step 0. "
+            "Keep checkpoints (the default, 2) to make a stopped run resumable", step, None)
+    return RunStopped(f"stopped by SIGTERM after step {step}; checkpoint saved to {checkpoint}"
+                      f"{stop.since()}. Rerun with --resume auto to continue", step, checkpoint)
+
+
+class StopRequest:
+    requested = False
+    at: float | None = None
+
+    def since(self) -> str:
+        return f" {time.monotonic() - self.at:.1f} s after the signal" if self.at else ""
+
+
+@contextlib.contextmanager
+def sigterm_requests(exit_now: Callable[[], bool] = lambda: False) -> Iterator[StopRequest]:
+    """While the block runs, a SIGTERM sets `requested` (the loop reads it at its agreements)."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():  # signals reach it only
+        yield stop
+        return
+
+    def request(signum, frame):
+        if exit_now():  # no checkpoint can follow, and this rank may be blocked in a collective
+            os._exit(128 + signum)
+        if not stop.requested:
+            stop.requested, stop.at = True, time.monotonic()
+
+    previous = signal.signal(signal.SIGTERM, request)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def default_job_dir() -> str:
+    return f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir") -> None:
+    """Fail before training, not after, when the output dir cannot be written."""
+    if storage.is_gcs_uri(job_dir):
+        # A write and a delete: what roles/storage.objectUser grants, nothing bucket-level.
+        probe = f"{job_dir.rstrip('/')}/.nli-write-check-{socket.gethostname()}-{os.getpid()}"
+        with tempfile.NamedTemporaryFile() as empty:
+            storage.upload(empty.name, probe)
+        storage.delete(probe)
+        return
+    path, created = Path(job_dir).expanduser(), []
+    try:  # what the run will do: make the folder, write a file; then undo it
+        path = path.resolve()
+        created = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".nli-write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        parent, a_file = next((p for p in path.parents if p not in created), path), False
+        with contextlib.suppress(OSError):  # a name too long even to look up
+            a_file = parent.is_file()
+        why = (f"{parent} is a file, not a folder" if a_file else
+               f"{e.strerror or e}" if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) else
+               f"{parent} is not a writable folder")
+        raise NLIError(f"{what} {job_dir} cannot be written ({why}); pass {flag} with a folder "
+                       "you can write") from None
+    finally:
+        for folder in created:  # deepest first; the run makes them again when it writes
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:
+    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json,
+    which marks a finished run. A rerun never leaves an old metrics.json beside new weights: the
+    files are written aside first (a full disk leaves the earlier run whole), the old metrics.json
+    removed, the files moved in, metrics.json written last; on gs:// the old one goes first."""
+    if storage.is_gcs_uri(job_dir):
+        storage.delete(f"{job_dir.rstrip('/')}/metrics.json")
+        with storage.staged_output(job_dir) as local:
+            _write_run_files(result, local)
+        with storage.staged_output(job_dir) as local:
+            _write_metrics(result, local)
+    else:
+        target = Path(job_dir)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=".tmp-run-", dir=target) as tmp:
+                _write_run_files(result, Path(tmp))
+                (target / "metrics.json").unlink(missing_ok=True)
+                for file in Path(tmp).iterdir():
+                    os.replace(file, target / file.name)
+            _write_metrics(result, target)
+        except (OSError, RuntimeError, SafetensorError) as e:  # a full disk is any of these
+            raise NLIError(unsaved_model_message(result.model, target, checkpoint_root, e)) from e
+    result.output_dir = job_dir
+    return job_dir
+
+
+def _write_run_files(result: TrainResult, folder: Path) -> None:
+    result.model.save_pretrained(folder, safe_serialization=True)
+    result.tokenizer.save_pretrained(folder)
+    (folder / "train_config.json").write_text(result.config.to_json() + "\n")
+    with open(folder / "history.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in result.history)
+
+
+def _write_metrics(result: TrainResult, folder: Path) -> None:
+    tmp = folder / "metrics.json.tmp"
+    tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
+    os.replace(tmp, folder / "metrics.json")
+
+
+@contextlib.contextmanager
+def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
+    """One live run per local job dir and checkpoint dir: a second would prune the first's
+    checkpoints. An OS file lock (filelock), so it dies with the process that held it."""
+    folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root))
+                                           if not storage.is_gcs_uri(d)]
+    locks, created = [], [Path(d) for d in folders if not Path(d).exists()]
+    try:
+        for folder in folders:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(Path(folder) / ".nli-run.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); "
+                               "wait for it to finish, or pass another --job-dir / "
+                               "--checkpoint_dir") from None
+            locks.append(lock)
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
+        # A run that stopped before writing anything (a bad --data) leaves no folder behind.
+        for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
+            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {".nli-run.lock"}:
+                (folder / ".nli-run.lock").unlink(missing_ok=True)
+                folder.rmdir()
+
+
+# -- the hooks the command attaches ----------------------------------------------------------------
+def default_callbacks(cfg: TrainConfig, job_dir: str, *,
+                      given: Sequence[TrainCallback] = ()) -> list[TrainCallback]:
+    """TensorBoard (when installed) into `<job_dir>/tensorboard`, unless `given` has one: a
+    callback you pass (Vertex AI's own log dir, in `nli_helpers.vertex.entry`) replaces it."""
+    if any(isinstance(c, TensorBoardCallback) for c in given):
+        return []
+    if importlib.util.find_spec("tensorboard") is None:  # torch's writer needs it
+        log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+        return []
+    return [TensorBoardCallback(f"{str(job_dir).rstrip('/')}/tensorboard", upload=storage.upload)]

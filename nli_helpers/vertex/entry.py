@@ -1,0 +1,174 @@
+"""What the trainer image runs on Vertex AI: the trainer command (`nli_helpers.task`) with Vertex
+AI's side of a job wired in. It is the image's ENTRYPOINT, and what `vertex.launch` starts on
+every process under torchrun.
+
+    python -m nli_helpers.vertex.entry --profile full        # the flags of nli_helpers.task
+
+What Vertex AI adds (each name spelled once, in `environment`):
+- the run folder from AIP_MODEL_DIR and checkpoints in AIP_CHECKPOINT_DIR; with that set, a run
+  resumes (`--resume auto`): Vertex AI restarts a replica with the same command;
+- TensorBoard into AIP_TENSORBOARD_LOG_DIR; in a tuning trial (CLOUD_ML_TRIAL_ID), or with
+  `--tuning_metric`, the metric reported through cloudml-hypertune after every evaluation;
+- a replica whose pool asked for GPUs (CLUSTER_SPEC) and sees none stops before loading anything;
+- a SIGTERM that left a checkpoint exits 134, a code Vertex AI retries. Under `vertex.launch` a
+  marker file tells the launcher so, and a SIGTERM that torchrun sends after another rank failed
+  exits at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import hypertune
+import torch
+
+from nli_helpers import storage
+from nli_helpers.config import ConfigError, TrainConfig
+from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError, why_no_cuda
+from nli_helpers.run import RunStopped
+from nli_helpers.task import Platform, command
+from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
+from nli_helpers.train import TrainCallback
+
+from .environment import (
+    CHECKPOINT_DIR_ENV,
+    CLUSTER_SPEC_ENV,
+    LAUNCHER_SIGTERM,
+    METRIC_TAG_ENV,
+    MODEL_DIR_ENV,
+    PERMANENT_STOP_EXIT_CODE,
+    PREEMPTED_MARKERS_ENV,
+    RESTARTABLE_EXIT_CODE,
+    TENSORBOARD_ENV,
+    TRIAL_ID_ENV,
+)
+
+DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
+
+
+# -- before the run: defaults from the environment, and the replica's GPUs ---------------
+def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainConfig:
+    """The flags, with what Vertex AI's environment gives where they left a field unset."""
+    check_replica_gpus(cfg, env)
+    changes: dict[str, str] = {}
+    if cfg.job_dir is None and env.get(MODEL_DIR_ENV):
+        changes["job_dir"] = env[MODEL_DIR_ENV]
+    if env.get(CHECKPOINT_DIR_ENV):
+        if cfg.checkpoint_dir is None:
+            changes["checkpoint_dir"] = env[CHECKPOINT_DIR_ENV]
+        if cfg.resume is None:  # a restarted replica must continue, not start over
+            changes["resume"] = "auto"
+            if env.get("RANK", "0") == "0":
+                print(f"{CHECKPOINT_DIR_ENV} is set (Vertex AI): resuming from the newest "
+                      "complete checkpoint in "
+                      f"{changes.get('checkpoint_dir', cfg.checkpoint_dir)}, if any")
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def replica_gpus(cluster_spec: str | None) -> tuple[str, int] | None:
+    """(GPU type, count) this replica's worker pool asked for, None elsewhere. Vertex AI puts the
+    job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string)."""
+    if not cluster_spec:
+        return None
+    try:
+        parsed = json.loads(cluster_spec)
+        job = (json.loads(parsed["job"]) if isinstance(parsed.get("job"), str)
+               else parsed.get("job") or {})
+        pools = job.get("worker_pool_specs") or job.get("workerPoolSpecs") or []
+        index = int(str(parsed["task"]["type"]).removeprefix("workerpool"))
+        machine = pools[index].get("machine_spec") or pools[index].get("machineSpec") or {}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    count = int(machine.get("accelerator_count") or machine.get("acceleratorCount") or 0)
+    gpu = machine.get("accelerator_type") or machine.get("acceleratorType")
+    return (gpu if isinstance(gpu, str) else "GPU", count) if count else None
+
+
+def check_replica_gpus(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> None:
+    """A replica that asked for GPUs and sees none would train on the CPU at the GPU's price."""
+    asked = replica_gpus(env.get(CLUSTER_SPEC_ENV))
+    if (not asked or cfg.allow_cpu or env.get(ALLOW_CPU_ENV) == "1"
+            or torch.cuda.is_available()):
+        return
+    raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees "
+                     f"no CUDA GPU: {why_no_cuda()}. The job would train on the CPU at the GPU's "
+                     "price: fix the image (docker/README.md) or the accelerator spec, or pass "
+                     "--allow-cpu to run on the CPU anyway")
+
+
+# -- during the run: Vertex AI's observers ---------------------------------------------------------
+def callbacks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> list[TrainCallback]:
+    """TensorBoard where Vertex AI reads it, and a tuning trial's metric report."""
+    out: list[TrainCallback] = []
+    if env.get(TENSORBOARD_ENV):
+        out.append(TensorBoardCallback(env[TENSORBOARD_ENV], upload=storage.upload))
+    if cfg.tuning_metric or env.get(TRIAL_ID_ENV):  # else the legacy tag, else the default
+        out.append(HypertuneCallback(cfg.tuning_metric or env.get(METRIC_TAG_ENV)
+                                     or DEFAULT_HYPERTUNE_METRIC))
+    return out
+
+
+def parse_hypertune_metric(metric: str) -> tuple[str, str]:
+    """`validation_matched_accuracy` -> ("validation_matched", "accuracy"). A test split is refused:
+    a score it chose hyperparameters on would no longer estimate new data."""
+    score = next((s for s in TUNABLE_SCORES if metric.endswith("_" + s)), None)
+    if score is None:
+        raise ConfigError(f"hypertune metric {metric!r} must be <split>_<score> with score one "
+                          f"of {', '.join(TUNABLE_SCORES)}, e.g. {DEFAULT_HYPERTUNE_METRIC}")
+    split = metric[: -len(score) - 1]
+    if not split.startswith("validation"):
+        raise ConfigError(f"hypertune metric {metric!r} is measured on split {split!r}: tuning "
+                          "must choose on a validation split (validation_matched or "
+                          "validation_mismatched), never on a test split, whose score would then "
+                          "no longer estimate new data")
+    return split, score
+
+
+class HypertuneCallback(TrainCallback):
+    """After every evaluation, report one validation metric through Google's `cloudml-hypertune`,
+    which writes it to $CLOUD_ML_HP_METRIC_FILE for Vertex AI tuning to read."""
+
+    def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
+
+
+        self.metric = metric
+        self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
+        self.reporter = hypertune.HyperTune()
+        self.path = Path(self.reporter.metric_path)
+
+    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
+        if self.split not in scores:
+            raise ConfigError(f"hypertune metric {self.metric!r} needs split {self.split!r}, but "
+                              f"this run evaluates only {', '.join(scores)}; pick one of those")
+        self.reporter.report_hyperparameter_tuning_metric(
+            hyperparameter_metric_tag=self.metric, metric_value=scores[self.split][self.score],
+            global_step=step)
+
+
+# -- after a SIGTERM: the exit code Vertex AI retries, and the launcher's markers ------------------
+def stopped_exit(stopped: RunStopped, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """134 (retried; the restart resumes) after a checkpoint, 143 (not retried) without one."""
+    if stopped.checkpoint is None:
+        return PERMANENT_STOP_EXIT_CODE, ", an exit Vertex AI does not retry"
+    folder = env.get(PREEMPTED_MARKERS_ENV)
+    if folder and os.path.isdir(folder):  # tell vertex.launch it was a SIGTERM, not an error
+        Path(folder, f"rank-{env.get('RANK', '0')}").write_text("preempted\n")
+    return RESTARTABLE_EXIT_CODE, ", an exit code Vertex AI retries; the restarted job resumes"
+
+
+def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
+    """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
+    the surviving ranks after one failed (the launcher marks a preemption first)."""
+    markers = env.get(PREEMPTED_MARKERS_ENV)
+    return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
+
+
+VERTEX_AI = Platform(configure=configure, callbacks=callbacks, stopped=stopped_exit,
+                     exit_on_sigterm=stopped_by_torchrun_after_a_failure)
+
+if __name__ == "__main__":
+    command(VERTEX_AI)
