@@ -12,7 +12,6 @@ from nli_helpers.data import (
     LoadReport,
     load_nli_splits,
     normalise_frame,
-    padding_stats,
     read_table,
     split_by_premise,
     tokenize_splits,
@@ -189,6 +188,13 @@ def test_tokenised_once_truncated_never_padded(sample_splits, tiny_model_dir):
     assert tok.pad_token_id not in sum(tokenized["train"]["input_ids"], [])
 
 
+def padding_stats(lengths: np.ndarray, batches: list[np.ndarray]) -> dict[str, float]:
+    """Real vs padded tokens when each batch is padded to its longest member."""
+    real = int(lengths.sum())
+    padded = int(sum(len(b) * lengths[b].max() for b in batches if len(b)))
+    return {"real_tokens": real, "padded_tokens": padded, "pad_fraction": 1 - real / padded}
+
+
 def test_length_grouped_batches_cover_every_example_once_and_pad_less():
     lengths = np.random.default_rng(0).integers(5, 200, size=1000)
     grouped = LengthGroupedBatchSampler(lengths, 32, seed=3, mega_batches=8)
@@ -226,7 +232,6 @@ def test_a_tsv_with_standard_csv_quoting_keeps_its_quotes_and_newlines_inside_a_
     pd.DataFrame({"premise": ['A man said "hi", then left.', "plain"], "hypothesis": ["Line one\nline two", "text"],
                   "label": ["entailment", "neutral"]}).to_csv(path, sep="\t", index=False)  # pandas' own quoting
     df = read_table(path)
-    assert df.attrs["quoting"] == "standard CSV quoting"
     assert df["premise"].tolist() == ['A man said "hi", then left.', "plain"]
     assert df["hypothesis"].tolist() == ["Line one\nline two", "text"]
 
@@ -236,7 +241,7 @@ def test_a_raw_multinli_tsv_with_unbalanced_quotes_is_read_literally(tmp_path):
     path.write_text('sentence1\tsentence2\tgold_label\n"Hello," he said.\tHe spoke.\tentailment\n'
                     'x "y\tz\tneutral\n')
     df = read_table(path)
-    assert df.attrs["quoting"] == "literal" and df["sentence1"].tolist() == ['"Hello," he said.', 'x "y']
+    assert df["sentence1"].tolist() == ['"Hello," he said.', 'x "y']
 
 
 @pytest.mark.parametrize("names", [("train.csv", "train.jsonl"), ("train.backup.jsonl", "train.jsonl"),

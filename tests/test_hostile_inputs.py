@@ -160,6 +160,14 @@ def test_unpaired_surrogate_is_refused(tmp_path):
     str(err.value).encode("utf-8")  # the message itself prints anywhere
 
 
+def test_a_surrogate_in_a_file_mixing_both_schemas_is_refused(tmp_path):
+    # Found by test_loader_properties.py: comparing the two schemas' columns encoded the surrogate.
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS + [{"sentence1": "a", "sentence2": "b", "gold_label": "neutral"},
+                                                     '{"premise": "\\ud800", "hypothesis": "h", "label": 0}'])
+    with pytest.raises(DataError, match="the premise on line 62 is not valid Unicode"):
+        load(path)
+
+
 def test_genre_of_any_type_becomes_text(tmp_path):
     rows = [{**r, "genre": [None, 3, "fiction", {"a": 1}][i % 4]} for i, r in enumerate(ROWS)]
     genres = set(all_rows(load(write_jsonl(tmp_path / "d.jsonl", rows)))["genre"])

@@ -113,7 +113,7 @@ def test_a_damaged_entry_is_rebuilt(sample_splits, tokenizer, tmp_path, caplog, 
         data = path.read_bytes()
         damaged = {"truncated": data[: size // 2], "empty": b"", "garbage": b"\x00not arrow" * 99}
         path.write_bytes(damaged[damage])
-    with caplog.at_level(logging.WARNING, logger="nli_helpers.data"):
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.token_cache"):
         rebuilt = tokenize_splits(train, tokenizer, 64, cache_dir=tmp_path)
     assert rebuilt.cache_hits == {"train": False} and rebuilt["train"].to_dict() == fresh
     [message] = [r.getMessage() for r in caplog.records]
@@ -147,6 +147,6 @@ def test_where_the_cache_lives(sample_splits, tokenizer, tmp_path, monkeypatch, 
     assert len(entries(tmp_path / "root" / "tokens")) == len(sample_splits)  # nothing written
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    with caplog.at_level(logging.WARNING, logger="nli_helpers.data"):
+    with caplog.at_level(logging.WARNING, logger="nli_helpers.token_cache"):
         result = tokenize_splits(sample_splits, tokenizer, 64, cache_dir=blocked)
     assert not any(result.cache_hits.values()) and "tokenising without it" in caplog.text
