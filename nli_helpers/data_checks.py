@@ -13,9 +13,11 @@ import json
 import logging
 import re
 import shutil
+import warnings
 import zlib
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pandas as pd
 from datasets import Dataset, Features, Value
@@ -109,14 +111,22 @@ def _csv_options(path: Path, kind: str) -> dict:
 
 @contextlib.contextmanager
 def datasets_quiet():
-    """datasets logs a file it cannot read, under its temporary name, before it raises."""
-    logger = logging.getLogger("datasets")
+    """datasets logs a file it cannot read, under its temporary name, before it raises; and draws a
+    "Generating train split" bar for a read into memory that takes a blink."""
+    logger, bars_were_on = logging.getLogger("datasets"), not datasets.are_progress_bars_disabled()
     level = logger.level
     logger.setLevel(logging.CRITICAL)
+    with warnings.catch_warnings():  # it warns where HF_DATASETS_DISABLE_PROGRESS_BARS decides
+        warnings.simplefilter("ignore")
+        datasets.disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
+        if bars_were_on:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                datasets.enable_progress_bars()
 
 
 def as_read(ds: Dataset, path: Path, kind: str) -> pd.DataFrame | None:

@@ -1,4 +1,4 @@
-"""TensorBoard for a run: the observer `task.run_training` attaches by default.
+"""TensorBoard for a run: the observer `run.run_training` attaches by default.
 
     >>> train(cfg, model, tokenizer, tokenized, callbacks=[TensorBoardCallback("runs/x/tb")])
 """
@@ -23,7 +23,7 @@ class TensorBoardCallback(TrainCallback):
     """Scalars: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
     Nothing is created before the first log, so a run that fails early leaves no empty log dir. A
     gs:// log dir is written locally and handed to `upload(local_dir, uri)` at each evaluation
-    (`nli_helpers.storage.upload`, which `task.default_callbacks` passes): the loop itself never
+    (`nli_helpers.storage.upload`, which `run.default_callbacks` passes): the loop itself never
     talks to Cloud Storage."""
 
     def __init__(self, log_dir: str | Path, upload: Callable[[str, str], object] | None = None):

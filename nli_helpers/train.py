@@ -4,9 +4,9 @@
 
 AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
-checkpoints, and a stop (`should_stop`, a SIGTERM in `task`) that ends in one. Under torchrun the
+checkpoints, and a stop (`should_stop`, a SIGTERM in `run`) that ends in one. Under torchrun the
 model is wrapped in DDP and `cfg.batch_size` is the global batch. Below the loop: the scores and
-the log, which calls the run's observers (`TrainCallback`). `task.run_training` loads, calls
+the log, which calls the run's observers (`TrainCallback`). `run.run_training` loads, calls
 `train`, saves.
 """
 
@@ -94,7 +94,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split. Checkpoints go
     under `checkpoint_root`: at each epoch end, every `cfg.checkpoint_every` steps, and once
     `cfg.checkpoint_every_minutes` have passed on `clock`. When `should_stop()` (a SIGTERM, in
-    `task`) turns true, the loop checkpoints and returns with `result.stopped` set, no metrics.
+    `run`) turns true, the loop checkpoints and returns with `result.stopped` set, no metrics.
     `resume_from` continues a checkpoint."""
     device = device or dist.device_for(info)
     precision = dist.resolve_precision(cfg.precision, device)
