@@ -81,13 +81,12 @@ def read_table(path: str | Path) -> pd.DataFrame:
     with tempfile.TemporaryDirectory(prefix="nli-read-") as tmp:
         local, kind = data_checks.local_copy(path, Path(tmp))  # or a DataError: missing, empty...
         try:
+            options, lines = data_checks.read_options(local, kind)  # or raises
             with data_checks.datasets_quiet():
-                # Local files need no hub (huggingface.co/docs/datasets/loading#local-and-remote-
-                # files); the rows stay in memory, as the cache folder goes when this read ends.
+                # local files, no hub: huggingface.co/docs/datasets/loading#local-and-remote-files
                 ds = load_dataset(BUILDERS[kind], data_files=str(local), split="train",
-                                  cache_dir=tmp, keep_in_memory=True,
-                                  **data_checks.read_options(local, kind))  # or raises
-            df = data_checks.as_read(ds, local, kind)
+                                  cache_dir=tmp, keep_in_memory=True, **options)
+            df = data_checks.as_read(ds, kind, lines)
         except Exception:  # datasets, pyarrow and pandas raise many types: read again, strictly
             df = None
         return df if df is not None else data_checks.read_strictly(local, kind, path)

@@ -76,22 +76,24 @@ def unreadable(path: Path, kind: str, error: Exception, copy: Path | None = None
                      "Copy or download it again")
 
 
-def read_options(path: Path, kind: str) -> dict:
-    """`load_dataset` options that read a file as the json module, or pandas with dtype=str, do.
-    A ValueError for JSON that is not lines of objects (an array, a `null` line): pyarrow's reader
-    crashes the process on a `null` line (apache/arrow#47409), so the json module reads those."""
+def read_options(path: Path, kind: str) -> tuple[dict, pd.Index | None]:
+    """`load_dataset` options that read a file as the json module, or pandas with dtype=str, do;
+    and JSON Lines' line numbers. A ValueError for JSON that is not lines of objects (an array, a
+    `null` line): pyarrow's reader crashes the process on a `null` line (apache/arrow#47409), so
+    the json module reads those."""
     if kind in (".json", ".jsonl"):
-        if object_lines(path) is None:
+        lines = object_lines(path)
+        if lines is None:
             raise ValueError(f"{path} is not JSON Lines of objects")
         # A column of mixed types (a premise that is sometimes 7) fails instead of becoming the
         # Json type (datasets 4.7, huggingface/datasets#8027): the json module then names the line.
-        return {"on_mixed_types": None}
+        return {"on_mixed_types": None}, lines
     if kind == ".parquet":
-        return {}
+        return {}, None
     options = _csv_options(path, kind)  # every cell as text, "" as "": "1999" stays a string
     header = pd.read_csv(path, nrows=0, **options).columns
     return {**options, "keep_default_na": False,
-            "features": Features(dict.fromkeys(header, Value("string")))}
+            "features": Features(dict.fromkeys(header, Value("string")))}, None
 
 
 def _csv_options(path: Path, kind: str) -> dict:
@@ -129,10 +131,9 @@ def datasets_quiet():
                 datasets.enable_progress_bars()
 
 
-def as_read(ds: Dataset, path: Path, kind: str) -> pd.DataFrame | None:
-    """The rows as Python values, JSON Lines' line numbers as the index; None where pyarrow read
-    JSON otherwise than the json module would: dates as timestamps, two objects on one line."""
-    lines = object_lines(path) if kind in (".json", ".jsonl") else None
+def as_read(ds: Dataset, kind: str, lines: pd.Index | None) -> pd.DataFrame | None:
+    """The rows as Python values, JSON Lines' `lines` as the index; None where pyarrow read JSON
+    otherwise than the json module would: dates as timestamps, two objects on one line."""
     if kind in (".json", ".jsonl") and (lines is None or len(lines) != len(ds) or any(
             getattr(f, "dtype", "").startswith("timestamp") for f in ds.features.values())):
         return None

@@ -47,7 +47,7 @@ from .distributed import (
 )
 from .model import check_model_fits, load_model_and_tokenizer
 from .tracking import TensorBoardCallback
-from .train import TrainCallback, TrainResult, live_progress, summary_line, train
+from .train import Stopped, TrainCallback, TrainResult, live_progress, summary_line, train
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +130,14 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
         if result.stopped is None:  # every rank has the same weights: one writes them
             on_main_process(lambda: save_run(result, job_dir, root), info)
     if result.stopped is not None:
-        raise stopped_error(result.stopped.step, result.stopped.checkpoint, stop, cfg)
+        raise stopped_error(result.stopped, stop, cfg)
     if stop.requested and verbose:
         print(f"SIGTERM arrived during the final save{stop.since()}; the run was saved whole")
     return result
 
 
-def stopped_error(step: int, checkpoint: str | None, stop: StopRequest,
-                  cfg: TrainConfig) -> RunStopped:
+def stopped_error(stopped: Stopped, stop: StopRequest, cfg: TrainConfig) -> RunStopped:
+    step, checkpoint = stopped.step, stopped.checkpoint
     if checkpoint is None:
         return RunStopped(
             f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
