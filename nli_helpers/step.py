@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import TrainConfig, batch_split
-from .data import LengthGroupedBatchSampler, PaddedCollator
+from .config import TrainConfig
+from .data import LengthGroupedBatches, collator, model_columns
 
 
 def model_inputs(batch: dict, device: torch.device, model) -> dict:
@@ -74,26 +74,25 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device, *,
                       num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
-    """Length-grouped global batches, each rank taking its share (`batch_size` is the global batch).
-    The loader hands out row numbers; `PaddedCollator` pads a whole batch of them at once."""
-    batch_split(cfg, num_replicas)  # refuse a batch that does not split evenly
-    sampler = LengthGroupedBatchSampler(dataset["length"], cfg.batch_size // cfg.grad_accum_steps,
-                                        seed=cfg.seed, group_by_length=cfg.group_by_length,
-                                        num_replicas=num_replicas, rank=rank)
+    """Length-grouped batches of `per_device_train_batch_size` pairs per process, padded by
+    transformers' `DataCollatorWithPadding`."""
+    sampler = LengthGroupedBatches(dataset["length"], cfg.per_device_train_batch_size,
+                                   seed=cfg.seed, group_by_length=cfg.group_by_length,
+                                   num_replicas=num_replicas, rank=rank)
     return torch.utils.data.DataLoader(
-        range(len(dataset)), batch_sampler=sampler, num_workers=cfg.num_workers,
-        collate_fn=padded_collator(dataset, tokenizer, device, 16 if cfg.compile else None),
+        model_columns(dataset, tokenizer), batch_sampler=sampler,
+        num_workers=cfg.dataloader_num_workers,
+        collate_fn=collator(tokenizer, pad_multiple(device, cfg.torch_compile)),
         # Its own generator: drawing from the global RNG that dropout uses would give a resumed run
         # other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
-        pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0)
+        pin_memory=device.type == "cuda", persistent_workers=cfg.dataloader_num_workers > 0)
 
 
-def padded_collator(dataset, tokenizer, device: torch.device,
-                    multiple: int | None = None) -> PaddedCollator:
-    """Batches padded to their longest pair; on a GPU to a multiple of 8 (for tensor cores), or
-    of `multiple` (16 for a compiled model: few shapes)."""
-    return PaddedCollator(dataset, tokenizer, multiple or (8 if device.type == "cuda" else None))
+def pad_multiple(device: torch.device, compiled: bool = False) -> int | None:
+    """Pad widths to a multiple of 16 for a compiled model (few shapes), of 8 on a GPU (tensor
+    cores), else not at all."""
+    return 16 if compiled else 8 if device.type == "cuda" else None
 
 
 def compile_for_training(net, device: torch.device):

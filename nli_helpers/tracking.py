@@ -6,11 +6,10 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import ConfigError
+from . import files
 from .train import TrainCallback
 
 if TYPE_CHECKING:
@@ -22,16 +21,11 @@ TUNABLE_SCORES = ("accuracy", "macro_f1")  # per-split scores (classification_sc
 class TensorBoardCallback(TrainCallback):
     """Scalars: train/loss, train/learning_rate, throughput/*, <split>/accuracy and macro_f1.
     Nothing is created before the first log, so a run that fails early leaves no empty log dir. A
-    gs:// log dir is written locally and handed to `upload(local_dir, uri)` at each evaluation
-    (`nli_helpers.storage.upload`, which `run.default_callbacks` passes): the loop itself never
-    talks to Cloud Storage."""
+    gs:// log dir is written locally and copied there at each evaluation (`files.put`)."""
 
-    def __init__(self, log_dir: str | Path, upload: Callable[[str, str], object] | None = None):
-        self.log_dir, self.upload = str(log_dir), upload
-        self.remote = self.log_dir.startswith("gs://")
-        if self.remote and upload is None:
-            raise ConfigError(f"TensorBoardCallback({self.log_dir!r}) needs upload= for a gs:// "
-                              "log dir: pass upload=nli_helpers.storage.upload, or a local dir")
+    def __init__(self, log_dir: str | Path):
+        self.log_dir = str(log_dir)
+        self.remote = files.is_gcs_uri(self.log_dir)
         self.staging: tempfile.TemporaryDirectory | None = None  # a gs:// log dir's local copy
         self._writer: SummaryWriter | None = None
 
@@ -73,4 +67,4 @@ class TensorBoardCallback(TrainCallback):
             return
         self._writer.flush()
         if self.remote:
-            self.upload(self.staging.name, self.log_dir)
+            files.put(self.staging.name, self.log_dir)

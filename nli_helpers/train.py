@@ -5,9 +5,9 @@
 AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
 checkpoints, and a stop (`should_stop`, a SIGTERM in `run`) that ends in one. Under torchrun the
-model is wrapped in DDP and `cfg.batch_size` is the global batch. Below the loop: the scores and
-the log, which calls the run's observers (`TrainCallback`). `run.run_training` loads, calls
-`train`, saves.
+model is wrapped in DDP; each process takes `per_device_train_batch_size` pairs a micro-batch.
+Below the loop: the scores and the log, which calls the run's observers (`TrainCallback`).
+`run.run_training` loads, calls `train`, saves.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
 from .checkpoint import CheckpointTimer, resume_training, save_training
-from .config import LABELS, ConfigError, NLIError, TrainConfig, batch_split
-from .data import content_hash
+from .config import LABELS, ConfigError, NLIError, TrainConfig
+from .data import collator, content_hash, model_columns
 from .step import (
     build_optimizer,
     compile_for_training,
@@ -37,7 +37,6 @@ from .step import (
     make_train_loader,
     model_inputs,
     optimizer_step,
-    padded_collator,
 )
 
 
@@ -92,7 +91,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
           clock: Callable[[], float] = time.monotonic,
           should_stop: Callable[[], bool] = lambda: False) -> TrainResult:
     """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split. Checkpoints go
-    under `checkpoint_root`: at each epoch end, every `cfg.checkpoint_every` steps, and once
+    under `checkpoint_root`: at each epoch end, every `cfg.save_steps` steps, and once
     `cfg.checkpoint_every_minutes` have passed on `clock`. When `should_stop()` (a SIGTERM, in
     `run`) turns true, the loop checkpoints and returns with `result.stopped` set, no metrics.
     `resume_from` continues a checkpoint."""
@@ -101,16 +100,18 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     set_seed(cfg.seed)
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg.ddp_bf16_compress) if info.enabled else model
-    if cfg.compile:
+    if cfg.torch_compile:
         net, graphs = compile_for_training(net, device), compiled_graphs()
     loader = make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
-    if len(loader) < cfg.grad_accum_steps:  # no optimizer step would ever be taken
-        raise ConfigError(f"grad_accum_steps={cfg.grad_accum_steps} is more than the {len(loader)} "
+    accum = cfg.gradient_accumulation_steps
+    if len(loader) < accum:  # no optimizer step would ever be taken
+        raise ConfigError(f"gradient_accumulation_steps={accum} is more than the {len(loader)} "
                           f"micro-batch(es) of an epoch here ({len(tokenized['train'])} training "
-                          f"pairs, batch_size={cfg.batch_size}): lower grad_accum_steps, or use "
+                          f"pairs, per_device_train_batch_size={cfg.per_device_train_batch_size}):"
+                          " lower gradient_accumulation_steps, or use "
                           "more data")
-    total_steps = max(1, math.ceil(cfg.epochs * (len(loader) // cfg.grad_accum_steps)))
+    total_steps = max(1, math.ceil(cfg.num_train_epochs * (len(loader) // accum)))
     optimizer = build_optimizer(model, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps),
                                                 total_steps)
@@ -127,19 +128,20 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         log.message(f"resumed from {resume_from} at step {state.step}")
 
     def evaluate_now() -> None:
-        scores = {name: score_split(model, split, tokenizer, device, precision, cfg.eval_batch_size,
-                                    info)[0] for name, split in evals.items()}
+        scores = {name: score_split(model, split, tokenizer, device, precision,
+                                    cfg.per_device_eval_batch_size, info)[0]
+                  for name, split in evals.items()}
         state.eval_history.append({"step": state.step, "epoch": state.epoch, **scores})
         log.evaluated(state, len(loader), scores)
 
     def checkpoint_now() -> str | None:
-        if not checkpoint_root or cfg.keep_checkpoints < 1:
+        if not checkpoint_root or cfg.save_total_limit < 1:
             return None
         timer.restart()
         log.flush(state, len(loader))  # a complete history; a non-finite loss stops before a save
-        return save_training(checkpoint_root, cfg.keep_checkpoints, state.step, model, optimizer,
-                             scheduler, scaler, asdict(state), cfg, info, device, precision,
-                             fingerprint)
+        return save_training(checkpoint_root, cfg.save_total_limit, state.step, model, tokenizer,
+                             optimizer, scheduler, scaler, asdict(state), cfg, info, device,
+                             precision, fingerprint)
 
     start = time.perf_counter()
     while state.step < total_steps:
@@ -148,11 +150,11 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         for batch in loader:
             state.batches_done += 1
             log.count(batch)
-            accumulating = state.batches_done % cfg.grad_accum_steps != 0
+            accumulating = state.batches_done % accum != 0
             # DDP all-reduces gradients on every backward unless told not to: only on the last.
             with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
                 with dist.autocast(precision, device):
-                    loss = net(**model_inputs(batch, device, model)).loss / cfg.grad_accum_steps
+                    loss = net(**model_inputs(batch, device, model)).loss / accum
                 scaler.scale(loss).backward()
             if accumulating:
                 continue
@@ -161,13 +163,13 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 state.skipped_steps += 1
                 continue
             state.step += 1
-            log.step(state.step, lr, loss.detach() * cfg.grad_accum_steps)
+            log.step(state.step, lr, loss.detach() * accum)
             last = state.step >= total_steps
-            if state.step % cfg.log_every == 0 or last:
+            if state.step % cfg.logging_steps == 0 or last:
                 log.flush(state, len(loader))
-            if cfg.eval_every and state.step % cfg.eval_every == 0 and not last:
+            if cfg.eval_steps and state.step % cfg.eval_steps == 0 and not last:
                 evaluate_now()
-            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not last:
+            if cfg.save_steps and state.step % cfg.save_steps == 0 and not last:
                 checkpoint_now()
             if last:
                 break
@@ -181,7 +183,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 log.close()
                 return TrainResult(model, tokenizer, cfg, {}, state.history, stopped=stopped)
             # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
-            if due and len(loader) - state.batches_done >= cfg.grad_accum_steps:
+            if due and len(loader) - state.batches_done >= accum:
                 minutes = timer.minutes()
                 if checkpoint_now():
                     log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
@@ -202,7 +204,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
-    if cfg.compile:  # bounded by the padded widths: a number that grows with the run is a bug
+    if cfg.torch_compile:  # bounded by the padded widths: a number that grows with the run is a bug
         metrics["train"]["compiled_graphs"] = compiled_graphs() - graphs
     for callback in log.callbacks:
         callback.on_train_end(metrics)
@@ -220,11 +222,12 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     was_training = model.training
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
-    collate = padded_collator(dataset, tokenizer, device)
+    batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    loader = torch.utils.data.DataLoader(model_columns(dataset, tokenizer).remove_columns("label"),
+                                         batch_sampler=batches, collate_fn=collator(tokenizer))
     preds = np.full(len(dataset), -1, dtype=np.int64)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        inputs = {k: v for k, v in collate(idx).items() if k != "labels"}
+    for idx, inputs in zip(batches, tqdm(loader, desc="evaluate", leave=False,
+                                         disable=not live_progress() or len(batches) < 2)):
         with dist.autocast(precision, device):
             logits = model(**model_inputs(inputs, device, model)).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
@@ -274,6 +277,11 @@ def majority_baseline(labels: Sequence[int]) -> float:
     return float(counts.max() / counts.sum()) if counts.sum() else 0.0
 
 
+def global_batch(cfg: TrainConfig, world_size: int) -> int:
+    """Pairs per optimizer step over all processes."""
+    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world_size
+
+
 def summary_line(split_scores: dict[str, dict]) -> str:
     """`validation_matched acc 0.812 F1 0.809 | ...` for logs."""
     return " | ".join(f"{name} acc {s['accuracy']:.3f} F1 {s['macro_f1']:.3f}"
@@ -285,10 +293,12 @@ def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: LoopState, tr
                      model) -> dict:
     """What metrics.json holds: the final scores per split, how training went, the baselines."""
     final = {k: v for k, v in state.eval_history[-1].items() if k not in ("step", "epoch")}
-    run = {"steps": state.step, "epochs": cfg.epochs, "seconds": seconds,
-           "examples_per_s": state.step * cfg.batch_size / seconds, "processes": info.world_size,
-           "global_batch": cfg.batch_size, "per_process_batch": batch_split(cfg, info.world_size),
-           "grad_accum_steps": cfg.grad_accum_steps, "skipped_steps": state.skipped_steps,
+    batch = global_batch(cfg, info.world_size)
+    run = {"steps": state.step, "epochs": cfg.num_train_epochs, "seconds": seconds,
+           "examples_per_s": state.step * batch / seconds, "processes": info.world_size,
+           "global_batch": batch, "per_process_batch": cfg.per_device_train_batch_size,
+           "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+           "skipped_steps": state.skipped_steps,
            "examples": len(train_split),
            "mean_tokens": sum(train_split["length"]) / len(train_split),
            "final_loss": state.history[-1]["loss"] if state.history else None}
