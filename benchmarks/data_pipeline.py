@@ -1,19 +1,19 @@
-"""The data pipeline's costs: loading the file, then, each old way against new, collating a batch
-and tokenising the data.
+"""The data pipeline's costs: loading the file, fetching and collating a training batch, and
+tokenising the data with the token cache cold and warm.
 
 `train_throughput.py` runs this file once, in its own process, before the training runs:
 
-    python benchmarks/data_pipeline.py --model-path DIR --data FILE --out result.json
+    python benchmarks/data_pipeline.py --spec spec.json --out result.json
 
-- collate: the same length-grouped batches of the training split (as the loop draws them),
-  fetched and padded the old way (the datasets rows a DataLoader fetched, then transformers'
-  DataCollatorWithPadding) and the new way (`PaddedCollator`, from flat token arrays); ms per
-  batch, the best of a few passes over all the batches, and the ratio. Both must give the same
-  tensors, and are checked to.
-- tokenise: `tokenize_splits` on the data's splits in an empty cache folder (cold: tokenise and
-  write), again (warm: read back), and with the cache off (what every run paid before it).
-- load: `load_nli_splits` on the file (read through `datasets`, normalised, split by premise);
+- load: `load_nli_splits` on the file (read by `nli_helpers.tables`, normalised, split by premise);
   seconds, the best of a few.
+- collate: the package's training batches of the training split (`LengthGroupedBatches`, in the
+  order the loop draws them), fetched from the `datasets` split as a DataLoader fetches them and
+  padded by transformers' `DataCollatorWithPadding` (`data.collator`, what `step.make_train_loader`
+  uses); ms per batch, the best of a few passes over all the batches, and the collator alone on rows
+  already fetched.
+- tokenise: `tokenize_splits` on the data's splits in an empty cache folder (cold: tokenise and
+  write), again (warm: read back), and with the cache off.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
-from transformers import AutoTokenizer, DataCollatorWithPadding  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from nli_helpers.data import (  # noqa: E402
-    LengthGroupedBatchSampler,
-    PaddedCollator,
+    LengthGroupedBatches,
+    collator,
     load_nli_splits,
+    model_columns,
     tokenize_splits,
 )
 
@@ -54,32 +55,20 @@ def best_ms(step, batches: list, passes: int) -> float:
 
 
 def collate_timings(split, tokenizer, batch_size: int, passes: int) -> dict:
-    """Old (datasets rows, DataCollatorWithPadding) and new (PaddedCollator), the same batches."""
-    batches = LengthGroupedBatchSampler(split["length"], batch_size, seed=42).batches()
-    rows = split.remove_columns([c for c in ("genre", "length") if c in split.column_names])
-    old_collator = DataCollatorWithPadding(tokenizer)
+    """The loader's work per batch: rows fetched from the split, then DataCollatorWithPadding."""
+    batches = list(LengthGroupedBatches(split["length"], batch_size, seed=42))
+    rows, collate = model_columns(split, tokenizer), collator(tokenizer)
 
-    def old(batch):  # what the DataLoader over the datasets split did per batch
-        return old_collator(rows.__getitems__(batch.tolist()))
+    def fetch_and_collate(batch):  # what the DataLoader over the split does per batch
+        return collate(rows.__getitems__(batch))
 
-    start = time.perf_counter()
-    new = PaddedCollator(split, tokenizer)
-    setup_ms = 1000 * (time.perf_counter() - start)
-    for batch in batches:  # the same tensors, or the timing compares different work
-        ours, theirs = new(batch), old(batch)
-        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    old_ms, new_ms = best_ms(old, batches, passes), best_ms(new, batches, passes)
-    features = [rows.__getitems__(b.tolist()) for b in batches]  # the collator alone, rows fetched
-    collator_ms = best_ms(old_collator, features, passes)
+    fetched = [rows.__getitems__(b) for b in batches]  # the collator alone, rows fetched
     return {
         "batches": len(batches),
         "batch_size": batch_size,
         "passes": passes,
-        "old_ms_per_batch": old_ms,
-        "old_collator_only_ms_per_batch": collator_ms,
-        "new_ms_per_batch": new_ms,
-        "new_setup_ms": setup_ms,
-        "ratio": old_ms / new_ms,
+        "ms_per_batch": best_ms(fetch_and_collate, batches, passes),
+        "collator_only_ms_per_batch": best_ms(collate, fetched, passes),
     }
 
 
@@ -95,7 +84,7 @@ def tokenise_timings(splits, tokenizer, max_length: int) -> dict:
             assert all(out.cache_hits.values()) == (run == "warm"), (run, out.cache_hits)
     return {
         "pairs": sum(len(s) for s in splits.values()),
-        "max_length": max_length,
+        "max_seq_length": max_length,
         "cold_s": seconds["cold"],
         "warm_s": seconds["warm"],
         "no_cache_s": seconds["no_cache"],
@@ -119,9 +108,10 @@ def run(spec: dict) -> dict:
     load = load_timings(spec)
     splits = load_nli_splits(spec["data"], eval_fraction=spec["eval_fraction"], seed=spec["seed"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
-    max_length, scale = spec["max_length"], spec.get("tokenise_scale", 1)
+    max_length, scale = spec["max_seq_length"], spec.get("tokenise_scale", 1)
     train = tokenize_splits({"train": splits["train"]}, tokenizer, max_length, use_cache=False)
-    collate = collate_timings(train["train"], tokenizer, spec["batch_size"], spec.get("passes", 3))
+    collate = collate_timings(train["train"], tokenizer, spec["per_device_train_batch_size"],
+                              spec.get("passes", 3))
     if scale > 1:  # the training split repeated: a full-MultiNLI-sized job from a small file
         splits["train"] = concatenate_datasets([splits["train"]] * scale)
     tokenise = tokenise_timings(splits, tokenizer, max_length)
@@ -130,7 +120,8 @@ def run(spec: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, help="JSON file: model_path, data, batch_size, max_length, ...")
+    parser.add_argument("--spec", required=True,
+                        help="JSON file: model_path, data, per_device_train_batch_size, max_seq_length, ...")
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     args = parser.parse_args()
     result = run(json.loads(Path(args.spec).read_text()))

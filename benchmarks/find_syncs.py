@@ -35,7 +35,7 @@ for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
 # The syncs a step may make, by the function that makes them, and how many per step at most (benchmarks/README.md,
-# "Host syncs in a step", says why each stays): the log interval's loss read (once per log_every steps) and the fp16
+# "Host syncs in a step", says why each stays): the log interval's loss read (once per logging_steps) and the fp16
 # loss scaler's skipped-step check (once a step).
 NAMED = {"flush": 0.1, "optimizer_step": 1.0}
 
@@ -133,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem.split('. Or pass')[0]}; the sync debug mode exists on CUDA only", file=sys.stderr)
         return 2
     data, _ = gpu_check.resolve_data(args.data)
-    spec = {"model": "roberta-base-shaped", "data": data, "steps": args.steps, "warmup_steps": 0, "batch_size": 32,
-            "max_length": 128, "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42,
-            "eval_fraction": 0.1, "max_eval_samples": 64, "log_every": 10, "threads": 0,
-            "precision": args.precision}
+    spec = {"model": "roberta-base-shaped", "data": data, "steps": args.steps, "warmup_steps": 0,
+            "per_device_train_batch_size": 32, "max_seq_length": 128, "learning_rate": 2e-5, "warmup_ratio": 0.06,
+            "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1, "max_eval_samples": 64, "logging_steps": 10,
+            "threads": 0, "precision": args.precision}
     with tempfile.TemporaryDirectory(prefix="find-syncs-") as tmp:
         os.environ["NLI_CACHE_DIR"] = str(Path(tmp) / "cache")
         model = gpu_check.build_model(gpu_check.ROBERTA_BASE, Path(tmp) / "model", args.tokenizer)

@@ -1,13 +1,13 @@
 """The GPU check: the reference recipe's model shape on the GPU you have, without the Hugging Face hub.
 
 Trains a classifier of roberta-base's shape (12 layers, d=768, 125M parameters), built from its config with random
-weights, on real MultiNLI pairs for 1,000 steps of the recipe (global batch 32, lr 2e-5, max_length 128), four
-ways, each in its own process: `nli_helpers` in bf16 and in fp16, Hugging Face Trainer at its best, and Trainer with
-`torch_compile=True`. The runs are interleaved, 3 repeats of each with the order rotated, so that a drifting machine
-hurts every runner alike; each is timed from its 51st step (after a `cuda.synchronize()`: the first 50 steps are
-warm-up, compilation included) to its last, with tokens counted on the device and read once at the end. It writes
-the median and spread of examples/s, tokens/s, MFU against the GPU's dense bf16/fp16 peak, peak GPU memory and the
-loss curves to a JSON file (local or gs://), and prints a table:
+weights, on real MultiNLI pairs for 1,000 steps of the recipe (per_device_train_batch_size 32 on the one GPU, lr
+2e-5, max_seq_length 128), four ways, each in its own process: `nli_helpers` in bf16 and in fp16, Hugging Face
+Trainer at its best, and Trainer with `torch_compile=True`. The runs are interleaved, 3 repeats of each with the
+order rotated, so that a drifting machine hurts every runner alike; each is timed from its 51st step (after a
+`cuda.synchronize()`: the first 50 steps are warm-up, compilation included) to its last, with tokens counted on the
+device and read once at the end. It writes the median and spread of examples/s, tokens/s, MFU against the GPU's
+dense bf16/fp16 peak, peak GPU memory and the loss curves to a JSON file (local or gs://), and prints a table:
 
     make gpu-check                                                      # = the line below
     python benchmarks/gpu_check.py --out runs/gpu_check.json            # about 10 minutes on one GPU
@@ -160,12 +160,10 @@ def write_report(report: dict, out: str | Path | None) -> None:
     if not out:
         return
     if str(out).startswith("gs://"):
-        from nli_helpers import storage
+        from nli_helpers import files  # fsspec: gcsfs for gs://
 
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / "report.json"
-            local.write_text(json.dumps(report, indent=2) + "\n")
-            storage.upload(local, str(out))
+        fs, path = files.filesystem(str(out))
+        fs.pipe_file(path, (json.dumps(report, indent=2) + "\n").encode())
         return
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -208,8 +206,9 @@ def summarise(reps: list[dict]) -> dict:
 def print_table(report: dict) -> None:
     info, spec = report["device"], report["config"]
     print(f"{info['name']}" + (f", compute capability {info['capability']}" if info["capability"] else "")
-          + f", torch {info['torch']}; {spec['steps']} steps of {spec['batch_size']} pairs, timed from step "
-          f"{spec['warmup_steps'] + 1}, max_length 128; data: {report['data']['source']}")
+          + f", torch {info['torch']}; {spec['steps']} steps of {spec['per_device_train_batch_size']} pairs, timed "
+          f"from step {spec['warmup_steps'] + 1}, max_seq_length {spec['max_seq_length']}; data: "
+          f"{report['data']['source']}")
     print("| runner | precision | examples/s (median) | repeats, spread | tokens/s | MFU | peak GPU memory | final loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, run in report["runs"].items():
@@ -285,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             runners.append(name)
     peak = peak_flops(info["name"]) if info["device"] == "cuda" else None
     spec = {"model": "roberta-base-shaped", "model_path": None, "data": data, "steps": steps, "warmup_steps": warmup,
-            "batch_size": 8 if args.cpu_smoke else 32, "max_length": 128, "learning_rate": 2e-5,
-            "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1, "max_eval_samples": 200,
-            "log_every": 1 if args.cpu_smoke else 10, "threads": 0}
+            "per_device_train_batch_size": 8 if args.cpu_smoke else 32, "max_seq_length": 128,
+            "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1,
+            "max_eval_samples": 200, "logging_steps": 1 if args.cpu_smoke else 10, "threads": 0}
     report = {"device": info, "peak_flops": peak, "shape": shape, "config": spec,
               "data": {"path": data, "source": source}, "runs": {}, "failed": {}, "skipped": skipped,
               "pending": list(runners)}

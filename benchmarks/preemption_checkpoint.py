@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SAVED = re.compile(r"checkpoint saved to (\S+) ([\d.]+) s after the signal")
 
 
-def run_once(checkpoint_dir: str, job_dir: Path, env: dict) -> dict:
+def run_once(checkpoint_dir: str, output_dir: Path, env: dict) -> dict:
     """Train until step 6, SIGTERM, and time the checkpoint and the exit."""
-    args = ["--profile", "smoke", "--data", "sample", "--epochs", "2", "--batch_size", "8", "--log_every", "2",
-            "--precision", "fp32", "--job-dir", str(job_dir)]
+    args = ["--profile", "smoke", "--data", "sample", "--num_train_epochs", "2", "--per_device_train_batch_size", "8",
+            "--logging_steps", "2", "--precision", "fp32", "--output_dir", str(output_dir)]
     run_env = {**env, "AIP_CHECKPOINT_DIR": checkpoint_dir, "OMP_NUM_THREADS": "1"}
-    log = job_dir.parent / f"{job_dir.name}.log"
+    log = output_dir.parent / f"{output_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.vertex.entry", *args], cwd=ROOT, env=run_env,

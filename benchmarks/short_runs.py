@@ -29,27 +29,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+B16 = {"per_device_train_batch_size": 16}
 RECIPES = {
-    "one_epoch_2e-4": {"epochs": 1, "learning_rate": 2e-4},
-    "one_epoch_1e-4_2000": {"epochs": 1, "learning_rate": 1e-4, "pairs": 2000},
+    "one_epoch_2e-4": {"num_train_epochs": 1, "learning_rate": 2e-4},
+    "one_epoch_1e-4_2000": {"num_train_epochs": 1, "learning_rate": 1e-4, "pairs": 2000},
     "capped": {},  # the smoke_capped recipe itself: nothing overridden
     "capped_1e-4": {"learning_rate": 1e-4},
     "capped_3e-4": {"learning_rate": 3e-4},
     # Half the compute of `capped` (issue 29, part 5: the demo within 5 minutes on an fp32 CPU): the same 64 steps
     # of 16 pairs instead of 32.
-    "capped_b16_512": {"batch_size": 16, "pairs": 512},
-    "capped_b16_512_3e-4": {"batch_size": 16, "pairs": 512, "learning_rate": 3e-4},
-    "capped_b16_1024_1ep": {"batch_size": 16, "epochs": 1},
-    "capped_b16_1024_1ep_1e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 1e-4},
-    "capped_b16_1024_1ep_3e-4": {"batch_size": 16, "epochs": 1, "learning_rate": 3e-4},
+    "capped_b16_512": {**B16, "pairs": 512},
+    "capped_b16_512_3e-4": {**B16, "pairs": 512, "learning_rate": 3e-4},
+    "capped_b16_1024_1ep": {**B16, "num_train_epochs": 1},
+    "capped_b16_1024_1ep_1e-4": {**B16, "num_train_epochs": 1, "learning_rate": 1e-4},
+    "capped_b16_1024_1ep_3e-4": {**B16, "num_train_epochs": 1, "learning_rate": 3e-4},
     # The uncapped smoke run on all of --data (issue 29, part 6: 0.65 held-out within 5 minutes on 2 cores, fp32
     # included). `pairs: None` trains on every training pair.
     "full_data": {"pairs": None},  # PROFILE_DEFAULTS["smoke_real_data"]: 2 epochs, batch 32, 1e-4
-    "full_data_1_epoch": {"pairs": None, "epochs": 1},  # the profile before 2026-11-26
-    "full_data_1_epoch_2e-4": {"pairs": None, "epochs": 1, "learning_rate": 2e-4},
-    "full_data_1_epoch_3e-4": {"pairs": None, "epochs": 1, "learning_rate": 3e-4},
-    "full_data_1_epoch_2e-4_b16": {"pairs": None, "epochs": 1, "learning_rate": 2e-4, "batch_size": 16},
-    "full_data_1_epoch_b16": {"pairs": None, "epochs": 1, "batch_size": 16},
+    "full_data_1_epoch": {"pairs": None, "num_train_epochs": 1},  # the profile before 2026-11-26
+    "full_data_1_epoch_2e-4": {"pairs": None, "num_train_epochs": 1, "learning_rate": 2e-4},
+    "full_data_1_epoch_3e-4": {"pairs": None, "num_train_epochs": 1, "learning_rate": 3e-4},
+    "full_data_1_epoch_2e-4_b16": {"pairs": None, "num_train_epochs": 1, "learning_rate": 2e-4, **B16},
+    "full_data_1_epoch_b16": {"pairs": None, "num_train_epochs": 1, **B16},
 }
 
 
@@ -101,16 +102,17 @@ def main(argv: list[str] | None = None) -> int:
                 pairs = overrides.pop("pairs", args.pairs)
                 capped = {"max_eval_samples": 512} if pairs else {}
                 cfg = make_config("smoke", data=args.data, smoke_cap=pairs, seed=seed, progress=False,
-                                  job_dir=f"{tmp}/{name}-{seed}", **capped, **overrides)
+                                  output_dir=f"{tmp}/{name}-{seed}", **capped, **overrides)
                 start = time.perf_counter()
                 metrics = run_training(cfg, verbose=False).metrics
                 accuracy = metrics["validation_matched"]["accuracy"]
                 majority = metrics["majority_baseline"]["validation_matched"]
-                row = {"recipe": name, "seed": seed, "pairs": pairs, "epochs": cfg.epochs,
+                row = {"recipe": name, "seed": seed, "pairs": pairs, "num_train_epochs": cfg.num_train_epochs,
                        "learning_rate": cfg.learning_rate, "steps": metrics["train"]["steps"],
                        "accuracy": accuracy, "majority": majority, "held_out": metrics["validation_matched"]["n"],
                        "seconds": round(time.perf_counter() - start, 1), "precision": metrics["precision"],
-                       "train_pairs": metrics["train"]["examples"], "batch_size": cfg.batch_size,
+                       "train_pairs": metrics["train"]["examples"],
+                       "per_device_train_batch_size": cfg.per_device_train_batch_size,
                        "cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
                 print(json.dumps(row), flush=True)
                 if args.out:

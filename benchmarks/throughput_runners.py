@@ -7,16 +7,18 @@ interpreter, a fresh allocator and its own peak RSS:
 
 The three runners share everything but the training loop: the same model directory and seed (so
 the same initial weights, classifier head included), the same premise-disjoint train/held-out
-split, the same number of optimizer steps, batch size, max_length and learning rate, and the same
+split, the same number of optimizer steps, per_device_train_batch_size (one process: the whole
+batch), max_seq_length and learning rate, and the same
 instrumentation (a forward pre-hook that counts rows, real tokens and padded tokens of every
 training batch) and evaluator (fp32, on the same held-out rows).
 
 - `seed_recipe`: the old recipe's loop. The whole train split tokenised once with `padding=True`
-  (so every row is padded to the longest pair of the split, after max_length truncation), a
+  (so every row is padded to the longest pair of the split, after max_seq_length truncation), a
   shuffled DataLoader over tensors, plain `torch.optim.Adam`, no schedule, no clipping, fp32.
 - `hf_trainer`: `transformers.Trainer` at its best here: dynamic padding, group_by_length sampling,
   bf16 autocast where the CPU/GPU has it, linear warmup/decay, no eval or save during training.
-- `nli_helpers`: `nli_helpers.train.train` with the smoke profile's defaults.
+- `nli_helpers`: `nli_helpers.train.train` with the smoke profile's defaults (transformers' length
+  grouping and `DataCollatorWithPadding`, as Trainer's).
 """
 
 from __future__ import annotations
@@ -96,11 +98,11 @@ def device_and_bf16() -> tuple[torch.device, bool]:
 def run_seed_recipe(spec: dict, model, tokenizer, splits, device) -> str:
     train = splits["train"]
     enc = tokenizer(list(train["premise"]), list(train["hypothesis"]), padding=True, truncation=True,
-                    max_length=spec["max_length"], return_tensors="pt")
+                    max_length=spec["max_seq_length"], return_tensors="pt")
     dataset = torch.utils.data.TensorDataset(enc["input_ids"], enc["attention_mask"],
                                              enc.get("token_type_ids", torch.zeros_like(enc["input_ids"])),
                                              torch.tensor(list(train["label"])))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], shuffle=True)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=spec["per_device_train_batch_size"], shuffle=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec["learning_rate"])
     model.to(device).train()
     step, running = 0, 0.0
@@ -128,14 +130,14 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
     bf16 = bf16 and OVERRIDES.get("precision") != "fp16"  # hf_trainer@fp16: its fp16 path on any GPU
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="bench-trainer-"),
-        max_steps=spec["steps"], per_device_train_batch_size=spec["batch_size"],
+        max_steps=spec["steps"], per_device_train_batch_size=spec["per_device_train_batch_size"],
         learning_rate=spec["learning_rate"], weight_decay=spec["weight_decay"],
         warmup_steps=spec["warmup_ratio"], lr_scheduler_type="linear", max_grad_norm=1.0,
         bf16=bf16, fp16=cuda and not bf16, use_cpu=not cuda,
         train_sampling_strategy="group_by_length", length_column_name="length",
         dataloader_num_workers=spec.get("trainer_workers", 2 if cuda else 0),
         dataloader_pin_memory=cuda, dataloader_persistent_workers=cuda,
-        eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=spec.get("log_every", 20),
+        eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=spec.get("logging_steps", 20),
         report_to="none", disable_tqdm=True, seed=spec["seed"], data_seed=spec["seed"],
         torch_compile=OVERRIDES.get("compile", False),
     )
@@ -152,16 +154,18 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
     from nli_helpers.train import train
 
     # A fraction of an epoch that rounds up to exactly `steps` optimizer steps.
-    steps_per_epoch = -(-len(tokenized["train"]) // spec["batch_size"])
-    cfg = make_config("smoke", model_name=spec["model"], batch_size=spec["batch_size"],
-                      max_length=spec["max_length"], learning_rate=spec["learning_rate"],
-                      warmup_ratio=spec["warmup_ratio"], weight_decay=spec["weight_decay"],
-                      epochs=(spec["steps"] - 0.5) / steps_per_epoch, seed=spec["seed"],
-                      progress=False, log_every=spec.get("log_every", 20), **OVERRIDES)
+    batch, every = spec["per_device_train_batch_size"], spec.get("logging_steps", 20)
+    steps_per_epoch = -(-len(tokenized["train"]) // batch)
+    cfg = make_config("smoke", model_name_or_path=spec["model"], data=spec["data"],
+                      per_device_train_batch_size=batch, max_seq_length=spec["max_seq_length"],
+                      learning_rate=spec["learning_rate"], warmup_ratio=spec["warmup_ratio"],
+                      weight_decay=spec["weight_decay"],
+                      num_train_epochs=(spec["steps"] - 0.5) / steps_per_epoch, seed=spec["seed"],
+                      progress=False, logging_steps=every, **OVERRIDES)
     # Only the train split: held-out scoring is the harness's job, the same for every runner.
     result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device)
     assert result.metrics["train"]["steps"] == spec["steps"], result.metrics["train"]
-    every, rows = spec.get("log_every", 20), result.history  # the mean of each window, as Trainer logs it
+    rows = result.history  # the mean of each window, as Trainer logs it
     LOSS_CURVE.extend((rows[i + every - 1]["step"], float(np.mean([r["loss"] for r in rows[i:i + every]])))
                       for i in range(0, len(rows) - every + 1, every))
     return result.metrics["precision"]
@@ -169,7 +173,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
 
 RUNNERS = {"seed_recipe": run_seed_recipe, "hf_trainer": run_hf_trainer, "nli_helpers": run_nli_helpers}
 OVERRIDES: dict = {}  # TrainConfig fields an ablation changes
-LOSS_CURVE: list[tuple[int, float]] = []  # (step, loss) every log_every steps, from the runner that ran
+LOSS_CURVE: list[tuple[int, float]] = []  # (step, loss) every logging_steps steps, from the runner that ran
 
 
 def apply_variant(runner: str, variant: str) -> None:
@@ -223,7 +227,7 @@ def run(spec: dict) -> dict:
     held_out = splits["validation_matched"]
     set_seed(spec["seed"])  # the same classifier-head initialisation for every runner
     model, tokenizer = load_model_and_tokenizer(spec["model_path"])
-    tokenized = tokenize_splits({"train": splits["train"], "held_out": held_out}, tokenizer, spec["max_length"])
+    tokenized = tokenize_splits({"train": splits["train"], "held_out": held_out}, tokenizer, spec["max_seq_length"])
     counter = BatchCounter(model, warmup=spec.get("warmup_steps", 0))
     set_seed(spec["seed"])
     start = time.perf_counter()

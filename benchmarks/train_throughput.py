@@ -1,13 +1,14 @@
 """Training throughput: the old recipe's loop vs Hugging Face Trainer at its best vs nli_helpers.
 
 Trains the same model on the same real MultiNLI pairs for the same number of optimizer steps
-(same batch size, max_length and learning rate) three ways, each in its own process, interleaved
+(same per_device_train_batch_size, max_seq_length and learning rate: one process, so the batch is
+the whole batch) three ways, each in its own process, interleaved
 and repeated so that the drift of a shared machine cancels out, then scores each on the same
 premise-disjoint held-out rows:
 
     python benchmarks/train_throughput.py --quick --out results.json      # about 5 minutes on 2 cores
     python benchmarks/train_throughput.py --steps 150 --repeats 3          # the numbers in README.md
-    python benchmarks/train_throughput.py --model roberta-base --learning-rate 2e-5 --steps 300  # GPU
+    python benchmarks/train_throughput.py --model roberta-base --learning_rate 2e-5 --steps 300  # GPU
 
 Writes `{"runs": {runner: {...}}, "ratios": {"vs_seed": x, "vs_trainer": y}, "data_pipeline":
 {"collate": {...}, "tokenise": {...}}, "config": {...}, "machine": {...}}` and prints a table.
@@ -15,8 +16,9 @@ Each run's numbers are medians over the repeats; each ratio is the median of the
 ratios (runners of one repeat run back to back). Throughput counts
 the training loop from the first training forward call to the last optimizer step (so it includes
 torch.compile time, if any, but not model loading or tokenising); `wall_s` is the whole process.
-`data_pipeline` (from `data_pipeline.py`, its own process, first) times collating a batch the old
-and the new way on the same batches, and tokenising the data with the token cache cold and warm.
+`data_pipeline` (from `data_pipeline.py`, its own process, first) times loading the file, fetching
+and collating the training batches as the package's loader does, and tokenising the data with the
+token cache cold and warm.
 See benchmarks/README.md for the machine, results and what each speed-up gave.
 """
 
@@ -53,9 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the JSON results here")
     p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {FULL['steps']})")
     p.add_argument("--repeats", type=int, default=None, help=f"rounds of all runners (default {FULL['repeats']})")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per optimizer step")
-    p.add_argument("--max-length", type=int, default=128, help="truncate pairs to this many tokens")
-    p.add_argument("--learning-rate", type=float, default=1e-4, help="peak learning rate (all runners)")
+    # TrainingArguments' names, with underscores or dashes, as the trainer command takes them
+    p.add_argument("--per_device_train_batch_size", "--per-device-train-batch-size", type=int, default=32,
+                   help="examples per optimizer step (every runner trains in one process)")
+    p.add_argument("--max_seq_length", "--max-seq-length", type=int, default=128,
+                   help="truncate pairs to this many tokens")
+    p.add_argument("--learning_rate", "--learning-rate", type=float, default=1e-4,
+                   help="peak learning rate (all runners)")
     p.add_argument("--seed-repeats", type=int, default=None,
                    help="rounds that include seed_recipe, the slowest runner by far (default: all; 1 with --quick)")
     p.add_argument("--runners", default=",".join(RUNNER_NAMES),
@@ -64,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "nli_helpers@foreach_adamw (the optimizer before fused AdamW), nli_helpers@fp32 (no bf16 "
                         "autocast), nli_helpers@no_grouping (random batches, dynamic padding only); join with +")
     p.add_argument("--model", default="minilm-l6",
-                   help="model name or directory (minilm-l6, tiny-random, roberta-base, ...)")
+                   help="model name or directory (minilm-l6, roberta-base, a saved model folder, ...)")
     p.add_argument("--data", default=DEFAULT_DATA,
                    help="NLI pairs file, or 'sample' (default: $NLI_REAL_DATA, else MultiNLI dev_matched from "
                         "../shared/data or the Hugging Face hub's cache)")
@@ -84,7 +90,8 @@ def make_spec(args: argparse.Namespace, model_path: str) -> dict:
     mode = QUICK if args.quick else FULL
     return {
         "model": args.model, "model_path": model_path, "data": args.data,
-        "steps": args.steps or mode["steps"], "batch_size": args.batch_size, "max_length": args.max_length,
+        "steps": args.steps or mode["steps"], "per_device_train_batch_size": args.per_device_train_batch_size,
+        "max_seq_length": args.max_seq_length,
         "learning_rate": args.learning_rate, "warmup_ratio": 0.1, "weight_decay": 0.01, "seed": args.seed,
         "eval_fraction": 0.1,
         "max_eval_samples": args.max_eval_samples if args.max_eval_samples is not None else mode["max_eval_samples"],
@@ -190,11 +197,10 @@ def print_table(runs: dict, ratios: dict) -> None:
 
 
 def print_pipeline(pipeline: dict) -> None:
-    col, tok = pipeline["collate"], pipeline["tokenise"]
-    alone = col["old_collator_only_ms_per_batch"]
-    print(f"collate, {col['batches']} batches of {col['batch_size']}: DataCollatorWithPadding "
-          f"{col['old_ms_per_batch']:.3f} ms/batch (the collator alone {alone:.3f}), "
-          f"PaddedCollator {col['new_ms_per_batch']:.3f} ms/batch: {col['ratio']:.1f}x")
+    load, col, tok = pipeline["load"], pipeline["collate"], pipeline["tokenise"]
+    print(f"load {load['pairs']:,} pairs with load_nli_splits: {load['best_s']:.2f} s")
+    print(f"collate, {col['batches']} batches of {col['batch_size']}: rows fetched + DataCollatorWithPadding "
+          f"{col['ms_per_batch']:.3f} ms/batch (the collator alone {col['collator_only_ms_per_batch']:.3f})")
     print(f"tokenise {tok['pairs']:,} pairs: cold cache {tok['cold_s']:.2f} s, "
           f"warm {tok['warm_s']:.3f} s ({tok['cold_over_warm']:.0f}x), "
           f"no cache {tok['no_cache_s']:.2f} s")

@@ -5,7 +5,7 @@ What `make demo`, the notebooks under nbval and the tests use instead of the clo
     python -m localcloud -- papermill notebooks/04_submit_vertex.ipynb runs/04.ipynb -f notebooks/params/smoke.yaml
 
     with LocalCloud() as cloud:       # STORAGE_EMULATOR_HOST, NLI_VERTEX_API_ENDPOINT, ... point at it
-        ...                           # nli_helpers.vertex / storage calls go to the local stand-ins
+        ...                           # nli_helpers.vertex / files calls go to the local stand-ins
 
 * gcs.py: gcp-storage-emulator, in memory on a free loopback port.
 * vertex.py: the customJobs REST surface the real aiplatform SDK calls; with `run_jobs` each replica runs as a
@@ -38,7 +38,8 @@ __all__ = ["FakeVertex", "GcsEmulator", "LocalCloud", "TRAINER_IMAGE", "environm
 
 @contextlib.contextmanager
 def environment(values: dict[str, str]) -> Iterator[None]:
-    """Set these variables (and drop the cached storage client that read the old ones); restore them after."""
+    """Set these variables (and drop the cached Cloud Storage filesystems that read the old ones); restore them
+    after."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     _forget_storage_client()
@@ -54,17 +55,17 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def _forget_storage_client() -> None:
-    # vertex.preflight caches a google-cloud-storage client; if nothing imported it there is nothing to forget
-    # (importing it would load the Vertex AI SDK into every Cloud Storage test).
-    preflight = sys.modules.get("nli_helpers.vertex.preflight")
-    if preflight is not None:
-        preflight.get_client.cache_clear()
+    # fsspec caches each gcsfs filesystem, which reads STORAGE_EMULATOR_HOST when it is created; if nothing
+    # imported gcsfs there is nothing to forget.
+    gcsfs = sys.modules.get("gcsfs")
+    if gcsfs is not None:
+        gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 class LocalCloud:
     """The Cloud Storage emulator and a job-running Vertex fake, with the environment variables pointing at them.
 
-    What notebooks 04 and 05 read: STORAGE_EMULATOR_HOST (nli_helpers.storage), NLI_VERTEX_API_ENDPOINT,
+    What notebooks 04 and 05 read: STORAGE_EMULATOR_HOST (gcsfs and google-cloud-storage), NLI_VERTEX_API_ENDPOINT,
     GOOGLE_CLOUD_PROJECT and NLI_STAGING_BUCKET (vertex.init_vertex). The trainer image the notebooks use by
     default (vertex.trainer_image_uri(project, region)) is registered, backed by its stand-in.
     """

@@ -87,6 +87,12 @@ https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/
     project id; https://github.com/googleapis/python-aiplatform/issues/852: "there is a way to get
     project number from the Vertex environment"). The fake's numbers: `project_number`.
 
+11. TensorBoard (CustomJobSpec.tensorboard, the proto comment): "The name of a Vertex AI Tensorboard resource
+    to which this CustomJob will upload Tensorboard logs. Format:
+    projects/{project}/locations/{location}/tensorboards/{tensorboard}"; the SDK's CustomJob.submit:
+    "`service_account` is required with provided `tensorboard`." A name of another form, or no service account,
+    is refused on create with a 400 (what Vertex answers there is not documented: the message is the fake's).
+
 Deliberately not modelled: Reduction Server pools (Google's image, which serves NCCL between GPUs)
 are accepted and noted in the job log, not started; machine specs are recorded, not honoured
 (everything runs on this CPU); internal errors and their retries; the job's state while Vertex
@@ -160,6 +166,11 @@ def server_side_problem(proto: CustomJob) -> str | None:
         if image is not None and published_image(image) is None:  # rule 2
             return (f"workerpool{i}: executor_image_uri {image} is not a prebuilt training image with the :latest "
                     "tag (PythonPackageSpec: \"You must use an image from this list\")")
+    board = proto.job_spec.tensorboard  # rule 11
+    if board and not re.fullmatch(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+", board):
+        return f"tensorboard {board!r} is not projects/{{project}}/locations/{{location}}/tensorboards/{{id}}"
+    if board and not proto.job_spec.service_account:
+        return "a job with a tensorboard needs a service_account, as which it writes the logs"
     bad = [k for k in proto.labels if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k)]
     return f"invalid label keys: {bad}" if bad else None
 

@@ -273,9 +273,11 @@ class FakeVertex:
 
     @staticmethod
     def _download(uri: str, workdir: Path) -> Path:
-        from nli_helpers import storage
+        from nli_helpers import files
 
-        return storage.download(uri, workdir / uri.rsplit("/", 1)[-1])
+        fs, path = files.filesystem(uri)
+        fs.get(path, str(workdir / uri.rsplit("/", 1)[-1]))
+        return workdir / uri.rsplit("/", 1)[-1]
 
     def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str],
                  threads: int) -> dict[str, str]:

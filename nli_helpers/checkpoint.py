@@ -20,11 +20,10 @@ import json
 import logging
 import re
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load
 
 from . import files
@@ -62,14 +61,19 @@ def save_checkpoint(root: str, step: int, model, tokenizer, state: dict, keep: i
         with tempfile.TemporaryDirectory(prefix="nli-checkpoint-") as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            torch.save(state, Path(tmp) / STATE)
+            # Through memory: on a full disk torch's own writer fails with "unexpected pos"; a plain
+            # write names the OS's reason (No space left on device).
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            (Path(tmp) / STATE).write_bytes(buffer.getvalue())
             sums = {f.name: _sha256(f.read_bytes()) for f in Path(tmp).iterdir() if f.is_file()}
             (Path(tmp) / MANIFEST).write_text(json.dumps({"step": step, "sha256": sums}))
             remove(target)  # a stale one of the same step (a rerun) stops counting first
             files.put(tmp, target, last=MANIFEST)
-    except OSError as e:  # a full disk, a read-only folder, a refused bucket: the path and why
+    except (OSError, SafetensorError) as e:  # a full disk, a read-only folder, a refused bucket
         kept = latest_checkpoint(root)
-        raise CheckpointError(f"could not write checkpoint {target} ({e.strerror or e}); "
+        reason = getattr(e, "strerror", None) or e  # SafetensorError has none
+        raise CheckpointError(f"could not write checkpoint {target} ({reason}); "
                               + (f"the previous checkpoint {kept} is kept. " if kept else "")
                               + "Free space, or pass --checkpoint_dir with a folder you can "
                               "write") from e
@@ -133,27 +137,11 @@ def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     except CheckpointError:
         raise
     except Exception as e:  # safetensors, pickle and torch raise many types for one bad file
+        why = " ".join(str(e).split())[:300]  # one line: torch's own messages span several
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: "
-                              f"{str(e)[:300]}); it is damaged or from another model. Delete it, "
+                              f"{why}); it is damaged or from another model. Delete it, "
                               "and --resume_from_checkpoint auto takes the newest intact "
                               "one") from e
-
-
-class CheckpointTimer:
-    """Says when `minutes` (None or 0: never) have passed since the start or the last checkpoint."""
-
-    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic):
-        self.seconds, self.clock = (minutes or 0) * 60, clock
-        self.restart()
-
-    def restart(self) -> None:
-        self.since = self.clock()
-
-    def minutes(self) -> float:
-        return (self.clock() - self.since) / 60
-
-    def due(self) -> bool:
-        return self.seconds > 0 and self.clock() - self.since >= self.seconds
 
 
 # -- the training loop's state --------------------------------------------------------------------

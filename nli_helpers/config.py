@@ -66,6 +66,30 @@ PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _one_of(*names: str, ok, text: str) -> dict:
+    return dict.fromkeys(names, (ok, text))
+
+
+# What each number must be (nan and inf never reach the loop: inf as a learning rate writes NaN
+# weights, nan as max_grad_norm silently means "no clipping"), and each choice.
+RANGES = {
+    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
+    "learning_rate": (lambda v: 0 < v < math.inf, "> 0 (try 2e-5 for roberta-base, 1e-4 for "
+                      "MiniLM)"),
+    "num_train_epochs": (lambda v: 0 < v < math.inf, "> 0"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    **_one_of("per_device_train_batch_size", "per_device_eval_batch_size", "max_seq_length",
+              "gradient_accumulation_steps", "logging_steps", "sync_every", "max_train_samples",
+              "max_eval_samples", ok=lambda v: v >= 1, text="a positive integer"),
+    **_one_of("fraction_of_train_data", "eval_fraction", ok=lambda v: 0 < v <= 1,
+              text="a fraction in (0, 1]"),
+    **_one_of("weight_decay", "max_grad_norm", "eval_steps", "dataloader_num_workers",
+              "save_steps", "save_total_limit", "checkpoint_every_minutes",
+              ok=lambda v: 0 <= v < math.inf, text="a finite number >= 0"),
+}
+CHOICES = {"profile": PROFILES, "precision": PRECISIONS, "report_to": ("none", "tensorboard")}
+
+
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field carrying its `--help` text (HfArgumentParser passes metadata on)."""
     return field(default=default, metadata={"help": help, **kw})
@@ -118,6 +142,8 @@ class TrainConfig:
     ddp_bf16_compress: bool = _f(False, "under torchrun on GPUs, all-reduce gradients in bf16")
     sync_every: int = _f(8, "under torchrun, ranks agree on a stop every N optimizer steps")
     progress: bool = _f(True, "show progress bars (--no-progress: plain log lines)")
+    report_to: str = _f("none", "tensorboard: also log to <output_dir>/tensorboard",
+                        choices=CHOICES["report_to"])
     allow_cpu: bool = _f(False, "train without a CUDA GPU where one is needed (days for full)")
     tuning_metric: str | None = _f(None, "on Vertex AI, report this metric (e.g. "
                                    "validation_matched_accuracy) to hyperparameter tuning")
@@ -127,39 +153,13 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise one ConfigError naming every invalid value and what to use instead."""
-        problems = [f"{f.name}={v} must be a finite number" for f in dataclasses.fields(self)
-                    if isinstance(v := getattr(self, f.name), float) and not math.isfinite(v)]
-        if not 0 <= self.seed < 2**32:
-            problems.append(f"seed={self.seed} must be in [0, 2**32) (numpy's seed range)")
+        problems = [f"{name}={v} must be {text}" for name, (ok, text) in RANGES.items()
+                    if (v := getattr(self, name)) is not None and not ok(v)]
+        problems += [f"{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}"
+                     for name, allowed in CHOICES.items() if getattr(self, name) not in allowed]
         if self.data is not None and not str(self.data).strip():
             problems.append("data='' is empty (an unset shell variable?): name a file, a folder, a "
                             "gs:// URI or a hub dataset, or leave --data out")
-        for name, allowed in (("profile", PROFILES), ("precision", PRECISIONS)):
-            if getattr(self, name) not in allowed:
-                problems.append(f"{name}={getattr(self, name)!r} is unknown; use one of "
-                                f"{', '.join(allowed)}")
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate={self.learning_rate} must be > 0 (try 2e-5 for "
-                            "roberta-base, 1e-4 for MiniLM)")
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size",
-                     "gradient_accumulation_steps", "max_seq_length", "logging_steps",
-                     "sync_every"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be a positive integer")
-        if not self.num_train_epochs > 0:
-            problems.append(f"num_train_epochs={self.num_train_epochs} must be > 0")
-        for name in ("fraction_of_train_data", "eval_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                problems.append(f"{name}={getattr(self, name)} must be a fraction in (0, 1]")
-        if not 0 <= self.warmup_ratio < 1:
-            problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-        for name in ("weight_decay", "max_grad_norm", "eval_steps", "dataloader_num_workers",
-                     "save_steps", "save_total_limit", "checkpoint_every_minutes"):
-            if (getattr(self, name) or 0) < 0:
-                problems.append(f"{name}={getattr(self, name)} must be >= 0")
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be a positive integer")
         if problems:
             raise ConfigError("invalid training configuration:\n  - " + "\n  - ".join(problems))
 
@@ -237,6 +237,9 @@ def _whole_number(text: str) -> int:
     if not value.is_integer():
         raise ValueError(text)
     return int(value)
+
+
+_whole_number.__name__ = "whole number"  # argparse: "invalid whole number value: '16.5'"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,6 @@ import pandas as pd
 import pyarrow as pa
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
-from filelock import FileLock
 from tokenizers import Tokenizer
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import get_length_grouped_indices
@@ -68,13 +68,11 @@ class LoadReport:
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k}={v:,}" for k, v in self.rows.items())
-        text = (f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows "
+        return (f"{self.source}: {sizes}; dropped {self.dropped_unlabelled:,} unlabelled rows "
                 f"(-1, '-' or empty), {self.dropped_blank:,} with a blank premise or hypothesis, "
-                f"{self.dropped_duplicates:,} exact duplicates")
-        if self.conflicting_labels:
-            text += (f"; kept {self.conflicting_labels:,} rows whose premise and hypothesis "
-                     "also appear with a different label")
-        return text
+                f"{self.dropped_duplicates:,} exact duplicates" + (
+                    f"; kept {self.conflicting_labels:,} rows whose premise and hypothesis also "
+                    "appear with a different label" if self.conflicting_labels else ""))
 
 
 class NLISplits(DatasetDict):
@@ -134,9 +132,9 @@ def _held_out(frames: Frames, source: str, eval_fraction: float, seed: int) -> F
     if "validation_matched" not in frames:
         kept, held_out = split_by_premise(frames["train"], eval_fraction, seed)
         if kept.empty or held_out.empty:
-            raise DataError(f"splitting {source} by premise with eval_fraction={eval_fraction} left "
-                            f"an empty part (of {len(frames['train']):,} rows); use more data or "
-                            "another eval_fraction, or give validation_matched its own file")
+            raise DataError(f"splitting {source} by premise with eval_fraction={eval_fraction} "
+                            f"left an empty part (of {len(frames['train']):,} rows); use more data "
+                            "or another eval_fraction, or give validation_matched its own file")
         frames = {**frames, "train": kept, "validation_matched": held_out}
     return {k: frames[k] for k in SPLIT_ORDER if k in frames}
 
@@ -173,13 +171,15 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
     except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem
         raise DataError(f"--data {source!r} is not a usable path ({e})") from e
     if is_dir:
-        found = split_files(fs, inside, source)
-        return {split: normalise_frame(read_pairs(f), f, report) for split, f in found.items()}
-    if is_file or file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~")):
+        return {split: normalise_frame(read_pairs(f), f, report)
+                for split, f in split_files(fs, inside, source).items()}
+    named = file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~"))
+    if named and not is_file:  # a missing folder too, not "unsupported file type"
+        raise DataError(f"data file {source} does not exist; pass --data with an existing file, a "
+                        "folder of split files, a gs:// URI, a hub name or 'sample'")
+    if is_file:
         name = "bundled sample" if source == "sample" else source
-        return {"train": normalise_frame(read_pairs(str(Path(path).expanduser())
-                                                    if not files.is_gcs_uri(path) else path),
-                                         name, report)}
+        return {"train": normalise_frame(read_pairs(os.path.expanduser(path)), name, report)}
     return _load_hub(source, report)
 
 
@@ -315,21 +315,22 @@ def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
 
 
 def _cached(tokenise, path: Path | None, rows: int) -> tuple[Dataset, bool]:
-    """(split, hit): read from `path` when it holds all `rows`, else tokenised into it. A file lock
-    makes one process tokenise while the others wait; datasets writes aside and renames, so a
-    killed run leaves no entry; a damaged one is rebuilt; an unwritable cache is skipped."""
+    """(split, hit): datasets reads `path` back when it exists (written aside and renamed, so a
+    killed run leaves no entry); a damaged entry is tokenised again, an unwritable cache skipped."""
     if path is None:
         return tokenise(), False
+    hit = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{path}.lock"):
-            try:
-                cached = Dataset.from_file(str(path)) if path.exists() else None
-                if cached is not None and len(cached) == rows:
-                    return cached, True
-            except Exception as e:  # pyarrow and datasets raise several types for damage
-                log.warning("token cache entry %s is damaged (%s); tokenising again", path, e)
-            return tokenise(cache_file_name=str(path), load_from_cache_file=False), False
+        try:
+            split = tokenise(cache_file_name=str(path))
+            if len(split) == rows:
+                return split, hit
+        except Exception as e:  # pyarrow raises several types for a damaged file, OSError too
+            if not hit:
+                raise
+            log.warning("token cache entry %s is damaged (%s); tokenising again", path, e)
+        return tokenise(cache_file_name=str(path), load_from_cache_file=False), False
     except OSError as e:  # a read-only or full disk must not stop a run
         log.warning("token cache %s unusable (%s); tokenising without it", path.parent, e)
         return tokenise(), False

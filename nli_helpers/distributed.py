@@ -218,12 +218,13 @@ def why_no_cuda() -> str:
 def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
     """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is
     torch.cuda.get_arch_list(): a cubin for X.y runs on X.z, z >= y; PTX on any newer GPU."""
-    sass = [(int(a[3:-1]), int(a[-1])) for a in arch_list
-            if a.startswith("sm_") and a[3:].isdigit()]
-    ptx = [(int(a[8:-1]), int(a[-1])) for a in arch_list
-           if a.startswith("compute_") and a[8:].isdigit()]
-    if (any(m == capability[0] and n <= capability[1] for m, n in sass)
-            or any(p <= capability for p in ptx)):
+    def version(arch: str, prefix: str) -> tuple[int, int] | None:
+        digits = arch.removeprefix(prefix)
+        return (int(digits[:-1]), int(digits[-1])) if arch.startswith(prefix) and \
+            digits.isdigit() else None
+
+    if any((v := version(a, "sm_")) and v[0] == capability[0] and v[1] <= capability[1]
+           or (v := version(a, "compute_")) and v <= capability for a in arch_list):
         return None
     return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
             f"{', '.join(arch_list)} but the GPU is compute capability "

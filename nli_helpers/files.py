@@ -9,6 +9,7 @@ STORAGE_EMULATOR_HOST (tests, localcloud) and otherwise uses Application Default
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -60,9 +61,13 @@ def put(local: str | os.PathLike[str], target: str, *, last: str | None = None) 
 
 
 def check_writable(path: str, flag: str) -> None:
-    """Fail before training, not after, when `path` cannot be written: write and delete a file."""
+    """Fail before training, not after, when `path` cannot be written: write and delete a file.
+    The local folders it makes go again: a run that fails later leaves none behind."""
+    created: list[Path] = []
     try:
         fs, root = filesystem(path)
+        if not is_gcs_uri(path):
+            created = [p for p in (Path(root), *Path(root).parents) if not p.exists()]
         fs.makedirs(root, exist_ok=True)
         probe = join(root, f".nli-write-check-{os.getpid()}")
         fs.pipe_file(probe, b"")
@@ -70,5 +75,11 @@ def check_writable(path: str, flag: str) -> None:
     except NLIError:
         raise
     except Exception as e:  # OSError locally; gcsfs's HttpError, a refused or unreachable bucket
-        raise NLIError(f"{path} cannot be written ({getattr(e, 'strerror', None) or e}); pass "
-                       f"{flag} with a folder you can write") from None
+        why = "no such bucket" if is_gcs_uri(path) and isinstance(e, FileNotFoundError) \
+            else getattr(e, "strerror", None) or e  # gcsfs's 404 names only the request's URL
+        raise NLIError(f"{path} cannot be written ({why}); pass {flag} with a folder you can "
+                       "write") from None
+    finally:
+        for folder in created:  # deepest first; the run makes them again when it writes
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -56,8 +56,13 @@ def load_model_and_tokenizer(name: str):
                   use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
                   dtype=torch.float32)
     try:
-        saved = AutoConfig.from_pretrained(path, trust_remote_code=False).label2id or {}
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        # Both maps: a head whose id2label alone is permuted would name every prediction wrongly.
+        maps = [config.label2id or {}, {v: k for k, v in (config.id2label or {}).items()}]
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        # Without tokenizer files transformers 5 builds one of special tokens only: all text [UNK].
+        if len(tokenizer) <= len(tokenizer.all_special_tokens):
+            raise OSError("no tokenizer files (its vocabulary is only special tokens)")
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
                 path, attn_implementation="sdpa", **kwargs)
@@ -69,14 +74,15 @@ def load_model_and_tokenizer(name: str):
     except Exception as e:  # transformers, the hub and safetensors raise many types for one cause
         where = f"the local folder {path} failed:" if os.path.exists(os.path.expanduser(path)) \
             else "neither a local folder nor reachable on the Hugging Face hub:"
+        why = " ".join(str(e).split())[:300]  # one line: transformers' own messages span several
         raise ModelError(f"could not load model {name!r}: {where} {type(e).__name__}: "
-                         f"{str(e)[:300]}. A model folder needs config.json, model.safetensors "
+                         f"{why}. A model folder needs config.json, model.safetensors "
                          "(save_pretrained writes both; pickle weights are never loaded) and the "
                          "tokenizer's files; offline, use --model_name_or_path minilm-l6") from e
-    saved = {str(k).lower(): int(v) for k, v in saved.items()}
-    if saved and not all(k.startswith("label_") for k in saved) and saved != LABEL2ID:
-        raise ModelError(f"{name} was trained with labels {saved}, but this project uses "
-                         f"{LABEL2ID}; retrain it here or remap its classifier rows")
+    for saved in ({str(k).lower(): int(v) for k, v in m.items()} for m in maps):
+        if saved and not all(k.startswith("label_") for k in saved) and saved != LABEL2ID:
+            raise ModelError(f"{name} was trained with labels {saved}, but this project uses "
+                             f"{LABEL2ID}; retrain it here or remap its classifier rows")
     return model, tokenizer
 
 
@@ -114,6 +120,7 @@ def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokeni
         model, tokenizer = ((source.model, source.tokenizer) if hasattr(source, "model")
                             else load_model_and_tokenizer(str(source)))
     pairs = list(pairs)
+    model.eval()  # the pipeline leaves the mode as it is: a model just trained would use dropout
     classify = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None,
                         device=next(model.parameters()).device)
     inputs = [{"text": p, "text_pair": h} for p, h in pairs]

@@ -13,9 +13,7 @@ save finish.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import logging
 import os
 import signal
 import tempfile
@@ -28,6 +26,7 @@ from pathlib import Path
 import datasets
 import filelock
 import transformers
+from safetensors import SafetensorError
 from transformers import set_seed
 
 from . import files
@@ -44,7 +43,6 @@ from .distributed import (
     shutdown_distributed,
 )
 from .model import check_model_fits, load_model_and_tokenizer
-from .tracking import TensorBoardCallback
 from .train import (
     Stopped,
     TrainCallback,
@@ -54,8 +52,6 @@ from .train import (
     summary_line,
     train,
 )
-
-log = logging.getLogger(__name__)
 
 
 def quiet_library_bars() -> None:
@@ -146,15 +142,13 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
 
 
 def stopped_error(stopped: Stopped, stop: StopRequest, cfg: TrainConfig) -> RunStopped:
-    step, checkpoint = stopped.step, stopped.checkpoint
-    if checkpoint is None:
-        return RunStopped(
-            f"stopped by SIGTERM after step {step}{stop.since()}, with no checkpoint to resume "
-            f"from (--save_total_limit {cfg.save_total_limit}): a restart would start from step "
-            "0. Keep checkpoints (the default, 2) to make a stopped run resumable", step, None)
-    return RunStopped(f"stopped by SIGTERM after step {step}; checkpoint saved to {checkpoint}"
-                      f"{stop.since()}. Rerun with --resume_from_checkpoint auto to continue", step,
-                      checkpoint)
+    how = (f"checkpoint saved to {stopped.checkpoint}{stop.since()}. Rerun with "
+           "--resume_from_checkpoint auto to continue" if stopped.checkpoint else
+           f"no checkpoint to resume from{stop.since()} (--save_total_limit "
+           f"{cfg.save_total_limit}): a restart would start from step 0. Keep checkpoints (the "
+           "default, 2) to make a stopped run resumable")
+    return RunStopped(f"stopped by SIGTERM after step {stopped.step}; {how}", stopped.step,
+                      stopped.checkpoint)
 
 
 class StopRequest:
@@ -207,9 +201,10 @@ def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = No
                 f.writelines(json.dumps(row) + "\n" for row in result.history)
             Path(tmp, "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
             files.put(tmp, job_dir, last="metrics.json")
-    except OSError as e:  # a full disk, a read-only folder, a refused bucket: the path and why
+    except (OSError, SafetensorError) as e:  # a full disk, a read-only folder, a refused bucket
         kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
-        raise NLIError(f"could not write the trained model to {job_dir} ({e.strerror or e}). "
+        reason = getattr(e, "strerror", None) or e  # SafetensorError has none
+        raise NLIError(f"could not write the trained model to {job_dir} ({reason}). "
                        "Free space, or pass --output_dir with a folder you can write. "
                        + (f"The newest checkpoint, {kept}, is kept: rerun the same command with "
                           "--resume_from_checkpoint auto to train only the steps after it" if kept
@@ -250,11 +245,12 @@ def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
 # -- the hooks the command attaches ----------------------------------------------------------------
 def default_callbacks(cfg: TrainConfig, job_dir: str, *,
                       given: Sequence[TrainCallback] = ()) -> list[TrainCallback]:
-    """TensorBoard (when installed) into `<job_dir>/tensorboard`, unless `given` has one: a
-    callback you pass (Vertex AI's own log dir, in `nli_helpers.vertex.entry`) replaces it."""
-    if any(isinstance(c, TensorBoardCallback) for c in given):
+    """TensorBoard into `<output_dir>/tensorboard` with `--report_to tensorboard` (Trainer's flag;
+    off by default, as in transformers 5), unless `given` has one already (Vertex AI's log dir)."""
+    if cfg.report_to != "tensorboard":
         return []
-    if importlib.util.find_spec("tensorboard") is None:  # torch's writer needs it
-        log.warning("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+    from .tracking import TensorBoardCallback  # only a run that reports loads TensorBoard
+
+    if any(isinstance(c, TensorBoardCallback) for c in given):
         return []
     return [TensorBoardCallback(files.join(job_dir, "tensorboard"))]

@@ -1,20 +1,21 @@
 """Reading a file of NLI pairs: one reader per format, and one clear error naming the file and the
 line (JSON Lines) or row that is wrong. `data.load_nli_splits` calls `read_pairs`.
 
-Local paths, .gz files and gs:// URIs open through the same call (`fsspec.open`).
+Local paths, .gz files and gs:// URIs open through the same call (`files.filesystem(...).open`).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import PurePosixPath
 
-import fsspec
 import numpy as np
 import pandas as pd
 
+from . import files
 from .config import LABELS, NLIError
 
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
@@ -44,14 +45,20 @@ def read_pairs(path: str) -> pd.DataFrame:
     if not kind:
         raise DataError(f"{path}: unsupported file type; use {'/'.join(SUFFIXES)} (.gz too)")
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
+        fs, inside = files.filesystem(path)
+        with fs.open(inside, "rb", compression="infer") as f:
             if kind == ".parquet":
                 df = pd.read_parquet(f).reset_index(drop=True)
             elif kind in (".json", ".jsonl"):
                 df = _read_json(f, path)
             else:  # TSV quotes are text: raw MultiNLI's are often unbalanced (`"Hello," he said.`)
-                tsv = {"sep": "\t", "quoting": csv.QUOTE_NONE} if kind == ".tsv" else {}
-                df = pd.read_csv(f, dtype=str, keep_default_na=False, encoding="utf-8-sig", **tsv)
+                data = f.read()
+                tab = kind in (".tsv", ".txt")  # raw MultiNLI's multinli_1.0_*.txt are TSV
+                if tab:
+                    _check_tsv_fields(data, path)
+                tsv = {"sep": "\t", "quoting": csv.QUOTE_NONE} if tab else {}
+                df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False,
+                                 encoding="utf-8-sig", **tsv)
     except DataError:
         raise
     except FileNotFoundError:
@@ -68,9 +75,27 @@ def read_pairs(path: str) -> pd.DataFrame:
     return df
 
 
+def _check_tsv_fields(data: bytes, path: str) -> None:
+    """Each TSV line is one row (quotes are text): a line with fewer fields than the header would
+    read as a pair without a label, dropped as "unlabelled"; a DataError naming it instead."""
+    lines = data.split(b"\n")
+    width = lines[0].count(b"\t")
+    short = next((n for n, line in enumerate(lines[1:], 2)
+                  if line.strip() and line.count(b"\t") < width), None)
+    if short:
+        raise DataError(f"{path} line {short} has fewer fields than the header: a tab or newline "
+                        "inside a field (TSV quotes are text), or a line cut short")
+
+
 def _read_json(f, name: str) -> pd.DataFrame:
     """JSON Lines (the index holds line numbers) or one JSON array of objects."""
-    text = f.read().decode("utf-8-sig")
+    data = f.read().removeprefix(b"\xef\xbb\xbf")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # the line, as for any other bad line
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{name} line {line} is not valid UTF-8 ({e.reason}); re-encode it as "
+                        "UTF-8") from e
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None, platform: Platform = Platform(), *,
         return code
     except KeyboardInterrupt:  # at any point, torch's import included: one line, not a traceback
         print("interrupted: the newest complete checkpoint (if any) is intact; rerun with "
-              "--resume auto", file=sys.stderr)
+              "--resume_from_checkpoint auto", file=sys.stderr)
         return 130
 
 
@@ -62,8 +62,7 @@ def _run_command(argv: list[str] | None, platform: Platform) -> int:
         cfg = platform.configure(parse_args(argv))  # --help and a bad flag stop here
         callbacks = platform.callbacks(cfg)
     except NLIError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     # Lazy, and the only lazy import here: torch loads after the flags, so --help answers at once.
     from .run import RunStopped, run_training
 
@@ -74,9 +73,17 @@ def _run_command(argv: list[str] | None, platform: Platform) -> int:
         print(f"stopped: {e}; exiting {code}{note}", file=sys.stderr)
         return code
     except NLIError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     return 0
+
+
+def _error(e: NLIError) -> int:
+    """One `error:` line; a library's text inside the message can hold newlines: indented, so
+    nothing after it reads as a line of its own (a list of bad settings is indented already)."""
+    first, *rest = str(e).splitlines() or [""]
+    lines = [line if line.startswith(" ") else f"  {line}" for line in rest if line.strip()]
+    print("\n".join([f"error: {first}", *lines]), file=sys.stderr)
+    return 2
 
 
 def command(platform: Platform = Platform()) -> NoReturn:

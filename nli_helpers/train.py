@@ -16,18 +16,18 @@ import contextlib
 import math
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import pandas as pd
 import torch
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
-from .checkpoint import CheckpointTimer, resume_training, save_training
+from .checkpoint import resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig
 from .data import collator, content_hash, model_columns
 from .step import (
@@ -123,7 +123,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg,
                                             info, device, precision, fingerprint))
     log = TrainLog(cfg, info, total_steps, state, callbacks)
-    timer = CheckpointTimer(cfg.checkpoint_every_minutes, clock)
+    saved_at = clock()  # the last checkpoint (or the start), for checkpoint_every_minutes
     if resume_from:
         log.message(f"resumed from {resume_from} at step {state.step}")
 
@@ -135,9 +135,10 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         log.evaluated(state, len(loader), scores)
 
     def checkpoint_now() -> str | None:
+        nonlocal saved_at
         if not checkpoint_root or cfg.save_total_limit < 1:
             return None
-        timer.restart()
+        saved_at = clock()
         log.flush(state, len(loader))  # a complete history; a non-finite loss stops before a save
         return save_training(checkpoint_root, cfg.save_total_limit, state.step, model, tokenizer,
                              optimizer, scheduler, scaler, asdict(state), cfg, info, device,
@@ -177,14 +178,15 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             # checkpoints when rank 0's clock says so (each rank's own would at another step).
             if info.enabled and state.step % cfg.sync_every:
                 continue
-            stopping, due = dist.agree_after_step(should_stop(), timer.due(), info)
+            minutes = (clock() - saved_at) / 60
+            due = minutes >= (cfg.checkpoint_every_minutes or math.inf)
+            stopping, due = dist.agree_after_step(should_stop(), due, info)
             if stopping:
                 stopped = Stopped(state.step, checkpoint_now())
                 log.close()
                 return TrainResult(model, tokenizer, cfg, {}, state.history, stopped=stopped)
             # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
             if due and len(loader) - state.batches_done >= accum:
-                minutes = timer.minutes()
                 if checkpoint_now():
                     log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
                                 "the last (--checkpoint_every_minutes "
@@ -264,11 +266,8 @@ def classification_scores(labels: Sequence[int], preds: Sequence[int],
 
 
 def per_genre_accuracy(labels: Sequence[int], preds: Sequence[int], genres: Sequence[str]) -> dict:
-    hits, counts = defaultdict(int), defaultdict(int)
-    for y, p, g in zip(labels, preds, genres):
-        counts[g] += 1
-        hits[g] += int(y == p)
-    return {g: {"accuracy": hits[g] / counts[g], "n": counts[g]} for g in sorted(counts)}
+    hits = pd.Series(np.asarray(labels) == np.asarray(preds)).groupby(np.asarray(genres))
+    return {g: {"accuracy": float(h.mean()), "n": int(h.size)} for g, h in hits}
 
 
 def majority_baseline(labels: Sequence[int]) -> float:

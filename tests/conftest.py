@@ -61,6 +61,6 @@ def sample_splits():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
-    from nli_helpers.model import tiny_random_path
+    from tests.tiny_model import tiny_model
 
-    return str(tiny_random_path())
+    return tiny_model()

@@ -3,7 +3,7 @@
 Enabled from tests/conftest.py with `pytest_plugins = ["tests.gcs_emulator"]`. Then:
 
     def test_round_trip(gcs_bucket):          # a fresh, empty bucket per test
-        upload("model/", f"gs://{gcs_bucket}/model")
+        files.put("model/", f"gs://{gcs_bucket}/model")
 
 `gcs_emulator` (session-scoped) starts the emulator once and points google-cloud-storage (and gcsfs) at it
 through STORAGE_EMULATOR_HOST; the environment is restored when the session ends.

@@ -67,7 +67,8 @@ def truncated(data: bytes) -> bytes:
 
 
 def assert_no_result(job: Path) -> None:
-    """Nothing a user, a notebook or `--resume auto` could take for a result: no metrics, weights, checkpoints."""
+    """Nothing a user, a notebook or `--resume_from_checkpoint auto` could take for a result: no metrics, weights,
+    checkpoints."""
     if not job.exists():
         return
     names = sorted(p.relative_to(job).as_posix() for p in job.rglob("*") if p.is_file())
@@ -78,7 +79,9 @@ def assert_no_result(job: Path) -> None:
 
 def run_fails(job: Path, message: str, *args: str, env: dict | None = None):
     """The command exits 2 with `message` on stderr, no traceback, and leaves no result in `job`."""
-    proc = run_task("--profile", "smoke", "--model-name", "tiny-random", "--job-dir", str(job),
+    from tests.tiny_model import tiny_model
+
+    proc = run_task("--profile", "smoke", "--model_name_or_path", tiny_model(), "--output_dir", str(job),
                     "--no-progress", *args, env=env)
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert message in proc.stderr, proc.stderr
@@ -109,12 +112,12 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
-    """The StorageError message of `call` (after `imports`) in a fresh process with no emulator, no ADC file and
+    """The NLIError message of `call` (after `imports`) in a fresh process with no emulator, no ADC file and
     no GCE metadata server to ask."""
     import subprocess
 
-    script = f"from nli_helpers.storage import StorageError\n{imports}\ntry:\n    {call}\n" \
-             "except StorageError as err:\n    print(err)\nelse:\n    raise SystemExit('expected StorageError')\n"
+    script = f"from nli_helpers.config import NLIError\n{imports}\ntry:\n    {call}\n" \
+             "except NLIError as err:\n    print(err)\nelse:\n    raise SystemExit('expected NLIError')\n"
     hidden = {"STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"}
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),

@@ -1,4 +1,5 @@
-"""The shape of the code: one-way layers and no import circles (import-linter), and no module over 400 lines.
+"""The shape of the code: one-way layers and no import circles (import-linter), no module over 400 lines, and one
+I/O path (fsspec, through `files` and `tables`).
 
 The contracts live in pyproject.toml ([tool.importlinter]); `make lint` runs the same `lint-imports`.
 """
@@ -84,12 +85,32 @@ def test_every_package_module_is_placed_in_a_layer():
 def test_the_loop_imports_at_most_five_siblings():
     """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
     distributed, data, checkpoint, and step, which holds the pieces of a step that train.py used to). Cloud Storage
-    reaches its TensorBoard hook as an `upload` argument."""
+    never reaches it: checkpoints and TensorBoard write through `files`."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.level == 1 and node.module is None for alias in node.names}
     assert len(siblings - {None}) <= 5, f"train.py imports {sorted(siblings - {None})}"
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level names of what a module imports from outside the package, function-level imports included."""
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+    return {name.split(".")[0] for name in names}
+
+
+def test_one_io_path_for_local_files_and_cloud_storage():
+    """Local paths and gs:// take the same fsspec calls, through `files` only (paths, copies, checks; `tables` reads
+    through its filesystem); no trainer module names a Cloud Storage client (gcsfs, google.cloud): fsspec loads gcsfs for a
+    gs:// path, so a local run never imports it (tests/test_task.py runs one and looks)."""
+    trainer = sorted((ROOT / "nli_helpers").glob("*.py"))
+    assert {p.stem for p in trainer} >= {"files", "tables", "checkpoint", "run", "data"}
+    uses = {p.stem: imported_packages(p) for p in trainer}
+    assert sorted(name for name, packages in uses.items() if "fsspec" in packages) == ["files"]
+    assert {name: packages & {"gcsfs", "google"} for name, packages in uses.items()
+            if packages & {"gcsfs", "google"}} == {}
 
 
 def test_the_package_version_is_the_one_pyproject_gives():

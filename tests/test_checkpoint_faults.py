@@ -1,60 +1,79 @@
-"""Checkpoints under faults: a re-save of the same step is a swap that counts at every point, a damaged newest
-checkpoint is skipped for the newest intact one, and a damaged file is one clear error, never a raw traceback."""
+"""Checkpoints under faults: a save killed at any point of its copy leaves nothing that counts, a damaged newest
+checkpoint is skipped for the newest intact one, and a damaged file or a failed write is one clear error (the path
+and the reason), never a raw traceback."""
 
 from __future__ import annotations
 
-import os
+import re
 from pathlib import Path
 
 import pytest
-import torch
+from fsspec.implementations.local import LocalFileSystem
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from nli_helpers import checkpoint
+from nli_helpers import files
 from nli_helpers.checkpoint import (
+    MANIFEST,
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from nli_helpers.config import NLIError
+from nli_helpers.config import NLIError, make_config
+from tests.tiny_model import tiny_model
 
 
-def model(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Linear(64, 3)
+def killed_at_once(*args, **kwargs):
+    raise KeyboardInterrupt("killed")
 
 
-def save(root: Path, step: int, seed: int = 0, keep: int = 3) -> Path:
-    return Path(save_checkpoint(str(root), step, model(seed), {"step": step, "seed": seed}, keep=keep))
+@pytest.fixture(scope="module")
+def tiny():
+    return (AutoModelForSequenceClassification.from_pretrained(tiny_model()),
+            AutoTokenizer.from_pretrained(tiny_model()))
 
 
-def test_a_resave_of_the_same_step_counts_at_every_point_of_the_swap(tmp_path, monkeypatch):
-    save(tmp_path, 10, seed=1)
-    real_replace, calls = os.replace, []
+def save(tiny, root: Path, step: int, keep: int = 3) -> Path:
+    model, tokenizer = tiny
+    return Path(save_checkpoint(str(root), step, model, tokenizer, {"step": step}, keep=keep))
 
-    def killed_after_the_first_rename(src, dst):  # the process dies between the two renames
-        calls.append((Path(src).name, Path(dst).name))
-        if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
-        real_replace(src, dst)
 
-    monkeypatch.setattr(checkpoint.os, "replace", killed_after_the_first_rename)
+def test_a_save_killed_at_any_point_of_its_copy_leaves_nothing_latest_checkpoint_takes(tmp_path, monkeypatch,
+                                                                                       tiny):
+    """The copy into place is one file at a time, the manifest last: a kill (here a KeyboardInterrupt after
+    `copied` files, which no handler catches) leaves a folder without a manifest, which never counts."""
+    older = save(tiny, tmp_path, 10)
+    real_put_file = LocalFileSystem.put_file
+    count = len(list(older.iterdir()))
+    for copied in range(count):
+        calls = []
+
+        def killed_mid_copy(self, lpath, rpath, *args, calls=calls, copied=copied, **kwargs):
+            if len(calls) == copied:
+                raise KeyboardInterrupt("killed")
+            calls.append(Path(rpath).name)
+            return real_put_file(self, lpath, rpath, *args, **kwargs)
+
+        monkeypatch.setattr(LocalFileSystem, "put_file", killed_mid_copy)
+        with pytest.raises(KeyboardInterrupt):
+            save(tiny, tmp_path, 20)
+        monkeypatch.setattr(LocalFileSystem, "put_file", real_put_file)
+        assert len(calls) == copied and MANIFEST not in calls
+        assert latest_checkpoint(str(tmp_path)) == str(older)
+        assert load_checkpoint(str(older), tiny[0])["step"] == 10
+    newest = save(tiny, tmp_path, 20)  # the next save of that step writes it whole
+    assert latest_checkpoint(str(tmp_path)) == str(newest)
+    # A re-save of a step stops counting the old copy first: killed half-way, the step is absent, not mixed.
+    monkeypatch.setattr(LocalFileSystem, "put_file", killed_at_once)
     with pytest.raises(KeyboardInterrupt):
-        save(tmp_path, 10, seed=2)
-    assert calls[0] == ("checkpoint-00000010", ".replaced-checkpoint-00000010")
-    found = latest_checkpoint(str(tmp_path))  # the old checkpoint of step 10 still counts, under its aside name
-    assert found is not None and Path(found).name == ".replaced-checkpoint-00000010"
-    state = load_checkpoint(found, model())
-    assert state == {"step": 10, "seed": 1}
-    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
-    final = save(tmp_path, 10, seed=2)  # the next save cleans up and swaps in the new one
-    assert latest_checkpoint(str(tmp_path)) == str(final)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000010"]
+        save(tiny, tmp_path, 20)
+    monkeypatch.setattr(LocalFileSystem, "put_file", real_put_file)
+    assert latest_checkpoint(str(tmp_path)) == str(older)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
-def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(tmp_path, capsys, damage):
-    older, newest = save(tmp_path, 10), save(tmp_path, 20)
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(tmp_path, capsys, damage, tiny):
+    older, newest = save(tiny, tmp_path, 10), save(tiny, tmp_path, 20)
     weights = newest / "model.safetensors"
     data = weights.read_bytes()
     if damage == "truncate":
@@ -66,35 +85,50 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(tmp_pa
     assert latest_checkpoint(str(tmp_path)) == str(older)
     warning = capsys.readouterr().out
     assert f"skipping damaged checkpoint {newest}" in warning
-    assert {"truncate": "truncated?", "flip": "SHA-256", "delete": "is missing"}[damage] in warning
+    expected = {"truncate": "model.safetensors does not match its SHA-256",
+                "flip": "model.safetensors does not match its SHA-256",
+                "delete": "it cannot be read (FileNotFoundError"}[damage]
+    assert expected in warning, warning
 
 
-def test_a_damaged_checkpoint_loaded_by_name_is_one_clear_error(tmp_path):
-    path = save(tmp_path, 10)
-    weights = path / "model.safetensors"
-    weights.write_bytes(b"\x00" * 16)
-    with pytest.raises(CheckpointError, match="is damaged .*--resume auto takes the newest intact one"):
-        load_checkpoint(str(path), model())
+def test_a_damaged_checkpoint_loaded_by_name_is_one_clear_error(tmp_path, tiny):
+    path = save(tiny, tmp_path, 10)
+    (path / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(CheckpointError, match=f"checkpoint {re.escape(str(path))} could not be loaded .*it is "
+                                              "damaged .*--resume_from_checkpoint auto takes the newest intact"):
+        load_checkpoint(str(path), tiny[0])
+    (path / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match="is not a complete checkpoint"):
+        load_checkpoint(str(path), tiny[0])
 
 
-def test_pruning_removes_the_manifest_first(tmp_path):
+def test_pruning_keeps_the_newest(tmp_path, tiny):
     for step in (10, 20, 30):
-        save(tmp_path, step, keep=2)
+        save(tiny, tmp_path, step, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000020", "checkpoint-00000030"]
 
 
+def test_a_failed_checkpoint_write_is_one_error_with_the_path_and_the_os_reason(tmp_path, tiny):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    target = blocker / "checkpoints" / "checkpoint-00000001"
+    with pytest.raises(CheckpointError, match=f"could not write checkpoint {re.escape(str(target))} "
+                                              r"\(Not a directory\).*--checkpoint_dir"):
+        save(tiny, blocker / "checkpoints", 1)
+
+
 # -- the run's own folder ----------------------------------------------------------------------------------------
-def test_a_second_run_into_a_live_run_s_job_dir_gets_one_clear_error_at_once(tmp_path):
+def test_a_second_run_into_a_live_run_s_output_dir_gets_one_clear_error_at_once(tmp_path):
     import filelock
 
-    from nli_helpers.config import NLIError, make_config
     from nli_helpers.run import run_training
 
     held = filelock.FileLock(str(tmp_path / ".nli-run.lock"))
     held.acquire()  # the live run
     try:
         with pytest.raises(NLIError, match=f"another run is writing to {tmp_path}"):
-            run_training(make_config("smoke", data="sample", model_name="tiny-random", job_dir=str(tmp_path)))
+            run_training(make_config("smoke", data="sample", model_name_or_path=tiny_model(),
+                                     output_dir=str(tmp_path)))
     finally:
         held.release()
 
@@ -102,8 +136,6 @@ def test_a_second_run_into_a_live_run_s_job_dir_gets_one_clear_error_at_once(tmp
 class _FakeResult:
     def __init__(self, fail: bool):
         from types import SimpleNamespace
-
-        from nli_helpers.config import make_config
 
         def save_pretrained(folder, **_):
             if fail:
@@ -115,61 +147,47 @@ class _FakeResult:
         self.config, self.history, self.metrics = make_config("smoke"), [{"loss": 1.0}], {"new": True}
 
 
-def test_a_rerun_that_fails_to_save_leaves_the_earlier_finished_run_whole(tmp_path):
+def test_a_rerun_that_fails_to_save_leaves_no_result_and_says_where_and_why(tmp_path):
     from nli_helpers.run import save_run
 
     (tmp_path / "model.safetensors").write_text("old weights")
     (tmp_path / "metrics.json").write_text('{"old": true}')
-    with pytest.raises(NLIError, match="No space left.*The disk is full.*no checkpoint to resume"):
+    with pytest.raises(NLIError, match=f"could not write the trained model to {re.escape(str(tmp_path))} "
+                                       r"\(No space left on device\).*no checkpoint to resume from"):
         save_run(_FakeResult(fail=True), str(tmp_path))
-    assert (tmp_path / "metrics.json").read_text() == '{"old": true}'
-    assert (tmp_path / "model.safetensors").read_text() == "old weights"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-run-")]
+    assert not (tmp_path / "metrics.json").exists()  # never the old result beside what the rerun trained
     save_run(_FakeResult(fail=False), str(tmp_path))
     assert (tmp_path / "model.safetensors").read_text() == "new weights" and '"new": true' in (
         tmp_path / "metrics.json").read_text()
 
 
-def test_a_rerun_into_a_finished_gcs_job_dir_drops_the_old_result_before_the_first_upload(gcs_bucket, monkeypatch):
-    from nli_helpers import storage
+def test_a_rerun_into_a_finished_gcs_output_dir_drops_the_old_result_before_the_first_copy(gcs_bucket, tmp_path,
+                                                                                           monkeypatch):
     from nli_helpers.run import save_run
 
     job = f"gs://{gcs_bucket}/runs/again"
-    with storage.staged_output(job) as local:
-        (local / "model.safetensors").write_text("old weights")
-        (local / "metrics.json").write_text('{"old": true}')
-    uploads = []
-    real_upload = storage.upload
-
-    def killed_after_the_first_upload(src, dst):
-        if uploads:
-            raise KeyboardInterrupt("killed between uploads")
-        uploads.append(dst)
-        return real_upload(src, dst)
-
-    monkeypatch.setattr(storage, "upload", killed_after_the_first_upload)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "model.safetensors").write_text("old weights")
+    (old / "metrics.json").write_text('{"old": true}')
+    files.put(old, job, last="metrics.json")
+    fs, path = files.filesystem(job)
+    assert fs.exists(files.join(path, "metrics.json"))
+    monkeypatch.setattr(fs, "put_file", killed_at_once)  # the instance files.filesystem returns
     with pytest.raises(KeyboardInterrupt):
         save_run(_FakeResult(fail=False), job)
-    monkeypatch.setattr(storage, "upload", real_upload)
-    assert not storage.exists(f"{job}/metrics.json"), "an old result beside new weights"
+    monkeypatch.undo()
+    assert not fs.exists(files.join(path, "metrics.json")), "an old result beside new weights"
 
 
-def test_a_checkpoint_dir_under_a_file_is_refused_before_training_with_the_real_cause(tmp_path, tiny_model_dir):
-    from nli_helpers.config import NLIError, make_config
+def test_a_checkpoint_dir_under_a_file_is_refused_before_training_with_the_real_cause(tmp_path):
     from nli_helpers.run import run_training
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    cfg = make_config("smoke", data="sample", model_name=tiny_model_dir, job_dir=str(tmp_path / "job"),
+    cfg = make_config("smoke", data="sample", model_name_or_path=tiny_model(), output_dir=str(tmp_path / "job"),
                       checkpoint_dir=str(blocker / "checkpoints"))
-    with pytest.raises(NLIError, match="checkpoint dir .* cannot be written .* is a file, not a folder"):
+    with pytest.raises(NLIError, match=f"{re.escape(str(blocker / 'checkpoints'))} cannot be written "
+                                       r"\(Not a directory\); pass --checkpoint_dir"):
         run_training(cfg)
     assert not (tmp_path / "job" / "history.jsonl").exists()  # refused before training, not after an epoch
-
-
-def test_a_failed_write_names_its_cause_not_a_full_disk(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
-    with pytest.raises(CheckpointError, match="A part of that path is a file, not a folder") as err:
-        save(blocker / "checkpoints", 1)
-    assert "disk is full" not in str(err.value) and "Free disk space" not in str(err.value)

@@ -6,10 +6,10 @@ that looks finished but is not, never an earlier result lost.
 
 hypothesis draws hostile combinations: flags and their values, data files (formats, encodings, schemas, sizes,
 label sets, damaged bytes), model folders (missing parts, a vocabulary larger than the embedding table, too few
-positions), job dirs (a file, a finished run, a killed run's checkpoints damaged in drawn ways, names the file
+positions), output dirs (a file, a finished run, a killed run's checkpoints damaged in drawn ways, names the file
 system refuses), and runs the command's `main` in this process on the tiny model (the interpreter start is the
 only difference from a shell). A second test draws a signal and a moment across a real subprocess run, then
-checks that `--resume auto` ends exactly as an uninterrupted run.
+checks that `--resume_from_checkpoint auto` ends exactly as an uninterrupted run.
 
 `make test` draws 30 command lines and 2 signals (about a minute on one core); the long setting, `make fuzz`
 (README), draws NLI_FUZZ_EXAMPLES command lines and a 25th as many signals. A case hypothesis found stays as a
@@ -38,11 +38,13 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from tests.helpers import ROOT, ROWS
+from tests.tiny_model import tiny_model
 
 FINISHED = ("metrics.json", "model.safetensors")
 # What every drawn command starts from; drawn flags come after, and override.
-DEFAULTS = ["--no-progress", "--epochs", "1", "--max_train_samples", "48", "--batch_size", "8", "--max_length", "64",
-            "--eval_fraction", "0.3", "--precision", "fp32"]
+DEFAULTS = ["--no-progress", "--num_train_epochs", "1", "--max_train_samples", "48",
+            "--per_device_train_batch_size", "8", "--max_seq_length", "64", "--eval_fraction", "0.3",
+            "--precision", "fp32"]
 CHECKPOINT_DAMAGE = ("none", "truncated state", "flipped weights", "no manifest", "garbage manifest", "no weights")
 ERROR_LINE = re.compile(r"^(\S+: )?error: \S")  # ours, or argparse's "task.py: error: ..."
 # Every documented way for a signal to end the command (README): 143 (128 + SIGTERM, with the newest checkpoint
@@ -54,14 +56,12 @@ SIGNAL_ENDINGS = {0, 130, 143, -signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT}
 # -- the inputs ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:
-    """Model folders, a finished run to rerun into, and a job dir with damaged checkpoints: built once."""
+    """Model folders, a finished run to rerun into, and an output dir with damaged checkpoints: built once."""
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    from nli_helpers.model import tiny_random_path
-
     base = tmp_path_factory.mktemp("contract")
-    tiny = tiny_random_path()
+    tiny = Path(tiny_model())
     models = {"tiny": str(tiny), "missing": str(base / "no-such-model"), "hub-like": "not-a/real-model-name"}
     for name in ("empty", "no-weights", "truncated-weights", "no-tokenizer", "small-vocab", "few-positions",
                  "bad-config"):
@@ -86,13 +86,14 @@ def world(tmp_path_factory) -> dict:
     tokenizer.save_pretrained(base / "models/few-positions")
 
     finished = base / "finished"
-    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--epochs", "1", "--max_train_samples",
-                           "32", "--batch_size", "8", "--precision", "fp32", "--job-dir", str(finished)])
+    rc, _, err = run_main(["--data", "sample", "--model_name_or_path", str(tiny), "--num_train_epochs", "1",
+                           "--max_train_samples", "32", "--per_device_train_batch_size", "8", "--precision", "fp32",
+                           "--output_dir", str(finished)])
     assert rc == 0, err
-    # A run killed after its last checkpoint, with the drawn commands' defaults: `--resume auto` continues it.
+    # A run killed after its last checkpoint, with the drawn commands' defaults: resuming continues it.
     killed = base / "killed"
-    rc, _, err = run_main(["--data", "sample", "--model-name", str(tiny), "--job-dir", str(killed), *DEFAULTS,
-                           "--checkpoint_every", "2", "--keep_checkpoints", "3"])
+    rc, _, err = run_main(["--data", "sample", "--model_name_or_path", str(tiny), "--output_dir", str(killed),
+                           *DEFAULTS, "--save_steps", "2", "--save_total_limit", "3"])
     assert rc == 0 and len(list((killed / "checkpoints").glob("checkpoint-*"))) == 2, err
     for name in FINISHED:
         (killed / name).unlink()
@@ -188,28 +189,30 @@ def encode(rows: list[dict], fmt: str, encoding: str) -> bytes:
 
 
 FLAGS = {  # flag -> (sane values, hostile values: edges and nonsense)
-    "--epochs": ([1, 2], [0, -1, 1.5, "x", "nan", ""]),
-    "--batch_size": ([4, 8, 1, 3], [0, -3, 10**6, "four"]),
+    "--num_train_epochs": ([1, 2], [0, -1, 1.5, "x", "nan", ""]),
+    "--per_device_train_batch_size": ([4, 8, 1, 3], [0, -3, 10**6, "four", 2.5]),
     "--learning_rate": ([2e-4, 1e-3, 0], [-1, "nan", "inf", 1e30]),
-    "--max_length": ([32, 64, 16, 8], [0, 1, 3, 4, 600, 10**6, -4]),
+    "--max_seq_length": ([32, 64, 16, 8], [0, 1, 3, 4, 600, 10**6, -4]),
     "--max_train_samples": ([16, 48, 2, 5], [0, 1, -1]),
     "--max_eval_samples": ([8, 1], [0, -1]),
     "--eval_fraction": ([0.2, 0.5], [0, 1, 1.5, -0.1, "nan"]),
     "--fraction_of_train_data": ([0.5, 1], [0, 2, -1]),
-    "--grad_accum_steps": ([1, 2, 3], [0, -1]),
+    "--gradient_accumulation_steps": ([1, 2, 3], [0, -1]),
     "--warmup_ratio": ([0, 0.1, 1], [2, -0.5]),
     "--weight_decay": ([0, 0.1], [-1, "inf"]),
     "--max_grad_norm": ([1, 0], [-1, "nan"]),
     "--precision": (["fp32", "auto"], ["bf16", "fp16", "int8"]),
     "--seed": ([0, 7, 2**31], [-1, 2**70]),
-    "--log_every": ([1, 5], [0, -2]),
-    "--eval_every": ([0, 2], [-1]),
-    "--checkpoint_every": ([0, 1, 3], [-1]),
-    "--keep_checkpoints": ([0, 1, 2], [-1]),
-    "--eval_batch_size": ([8, 3], [0, -1]),
+    "--logging_steps": ([1, 5], [0, -2]),
+    "--eval_steps": ([0, 2], [-1]),
+    "--save_steps": ([0, 1, 3], [-1]),
+    "--save_total_limit": ([0, 1, 2], [-1]),
+    "--per_device_eval_batch_size": ([8, 3], [0, -1]),
     "--sync_every": ([1, 4], [0, -1]),
-    "--resume": (["auto"], ["no-such-checkpoint", ""]),
+    "--resume_from_checkpoint": (["auto"], ["no-such-checkpoint", ""]),
+    "--group_by_length": (["True", "False"], ["maybe"]),
     "--unknown-flag": ([], [1]),
+    "--job-dir": ([], ["elsewhere"]),  # the old names are unknown flags now
 }
 MODELS = ("missing", "hub-like", "empty", "no-weights", "truncated-weights", "no-tokenizer", "small-vocab",
           "few-positions", "bad-config")
@@ -217,18 +220,18 @@ MODELS = ("missing", "hub-like", "empty", "no-weights", "truncated-weights", "no
 
 @st.composite
 def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str, bytes]]:
-    """A drawn command line, the job dir it writes, and the finished result already there (name -> bytes).
+    """A drawn command line, the output dir it writes, and the finished result already there (name -> bytes).
 
-    Each part (data, model, job dir, flags) is hostile in one case of four, so about a third of the cases are
+    Each part (data, model, output dir, flags) is hostile in one case of four, so about a third of the cases are
     wholly sane and must train: the contract's first clause is tested as often as the others."""
     hostile = {part: draw(st.integers(0, 3)) == 0 for part in ("data", "model", "job", "flags")}
     job_kind = draw(st.sampled_from(["file", "under-file", "long-name", "damaged"] if hostile["job"]
                                     else ["fresh", "fresh", "finished"]))
-    event(f"job dir: {job_kind}")
+    event(f"output dir: {job_kind}")
     job = folder / "job"
     if job_kind == "finished":
         shutil.copytree(world["finished"], job)
-    elif job_kind == "damaged":  # a killed run's checkpoints, each damaged in a drawn way, and --resume auto
+    elif job_kind == "damaged":  # a killed run's checkpoints, each damaged in a drawn way, and resuming
         shutil.copytree(world["killed"], job)
         for checkpoint in sorted((job / "checkpoints").glob("checkpoint-*")):
             damage = draw(st.sampled_from(CHECKPOINT_DAMAGE))
@@ -257,8 +260,8 @@ def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str
     model = draw(st.sampled_from(MODELS)) if hostile["model"] and job_kind != "damaged" else "tiny"
     event(f"model: {model}")
     data = "sample" if job_kind == "damaged" else draw(data_files(folder, hostile["data"]))
-    argv = ["--data", data, "--model-name", world["models"][model], "--job-dir", str(job), *DEFAULTS,
-            *(["--resume", "auto"] if job_kind == "damaged" else [])]
+    argv = ["--data", data, "--model_name_or_path", world["models"][model], "--output_dir", str(job), *DEFAULTS,
+            *(["--resume_from_checkpoint", "auto"] if job_kind == "damaged" else [])]
     for flag in draw(st.lists(st.sampled_from(sorted(FLAGS)), max_size=4, unique=True)):
         sane, bad = FLAGS[flag]
         values = sane + bad if hostile["flags"] else sane
@@ -318,10 +321,10 @@ def test_the_command_keeps_its_contract_for_any_drawn_input(world, case):
         assert_contract(code, out, err, job, before)
 
 
-# -- signals at any moment, then --resume auto ----------------------------------------------------------------------
-RUN = ["--profile", "smoke", "--data", "sample", "--model-name", "tiny-random", "--epochs", "2", "--batch_size", "8",
-       "--max_train_samples", "160", "--precision", "fp32", "--checkpoint_every", "1", "--keep_checkpoints", "2",
-       "--log_every", "1", "--no-progress"]
+# -- signals at any moment, then --resume_from_checkpoint auto -------------------------------------------------------
+RUN = ["--profile", "smoke", "--data", "sample", "--num_train_epochs", "2", "--per_device_train_batch_size", "8",
+       "--max_train_samples", "160", "--precision", "fp32", "--save_steps", "1", "--save_total_limit", "2",
+       "--logging_steps", "1", "--no-progress"]
 
 
 def start(job: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -330,7 +333,8 @@ def start(job: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     job.parent.mkdir(parents=True, exist_ok=True)
     err = job.parent / f"{job.name}.stderr"
     with open(err, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *RUN, "--job-dir", str(job), *extra],
+        proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *RUN, "--model_name_or_path", tiny_model(),
+                                 "--output_dir", str(job), *extra],
                                 stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -389,7 +393,7 @@ def test_a_signal_at_any_moment_then_resume_ends_as_an_uninterrupted_run(uninter
     assert "Traceback" not in err or python_starting, err[-3000:]
     if proc.returncode != 0 and (job / "metrics.json").exists():
         event("signalled after the run had finished")  # metrics.json is written last: the result is whole
-    resumed, resumed_err = start(job, "--resume", "auto")
+    resumed, resumed_err = start(job, "--resume_from_checkpoint", "auto")
     resumed.stdout.read()
     assert resumed.wait(timeout=600) == 0, resumed_err.read_text()[-3000:]
     assert outcome(job) == want

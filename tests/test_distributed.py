@@ -74,10 +74,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_args(job_dir, batch_size, model_dir, *extra):
-    return ["--profile", "smoke", "--data", "sample", "--model-name", model_dir, "--epochs", "2",
-            "--batch_size", str(batch_size), "--max_train_samples", "96", "--log_every", "1",
-            "--precision", "fp32", "--no-progress", "--job-dir", str(job_dir), *extra]
+def train_args(job_dir, per_device_batch, model_dir, *extra):
+    return ["--profile", "smoke", "--data", "sample", "--model_name_or_path", model_dir, "--num_train_epochs", "2",
+            "--per_device_train_batch_size", str(per_device_batch), "--max_train_samples", "192",
+            "--logging_steps", "1", "--precision", "fp32", "--no-progress", "--output_dir", str(job_dir), *extra]
 
 
 def read_run(job_dir):
@@ -87,12 +87,12 @@ def read_run(job_dir):
 
 def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path, tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "nli_helpers.task", *train_args(tmp_path / "one", 8, tiny_model_dir)],
+    one = subprocess.run([sys.executable, "-m", "nli_helpers.task", *train_args(tmp_path / "one", 16, tiny_model_dir)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert one.returncode == 0, one.stderr
-    # The same global batch; and a time budget for checkpoints (6 ms: due after every step), which
-    # rank 0's clock decides for both ranks at their agreement every --sync_every steps: a rank that
-    # disagreed would hang in the checkpoint.
+    # The same global batch (2 processes x 8 pairs per device = 1 x 16: 12 steps an epoch); and a time budget
+    # for checkpoints (6 ms: due after every step), which rank 0's clock decides for both ranks at their
+    # agreement every --sync_every steps: a rank that disagreed would hang in the checkpoint.
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           f"--master-port={free_port()}", "--module", "nli_helpers.task",
                           *train_args(tmp_path / "two", 8, tiny_model_dir,
@@ -106,7 +106,8 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
         assert m2[split]["n"] == m1[split]["n"] == sum(map(sum, m1[split]["confusion_matrix"]))
         assert m2[split]["confusion_matrix"] == m1[split]["confusion_matrix"]
         assert m2[split]["accuracy"] == m1[split]["accuracy"]
-    assert m2["train"]["processes"] == 2
+    assert (m2["train"]["processes"], m2["train"]["global_batch"], m2["train"]["per_process_batch"]) == (2, 16, 8)
+    assert (m1["train"]["processes"], m1["train"]["global_batch"], m1["train"]["steps"]) == (1, 16, 24)
     timed = re.findall(r"checkpoint at step (\d+): .* \(--checkpoint_every_minutes 0.0001\)",
                        two.stdout)
     # logged by rank 0, at the agreements (every 3rd step), between epoch ends

@@ -192,4 +192,4 @@ def test_the_build_fails_when_the_image_lacks_what_a_default_job_reads(steps):
     """The last RUN loads what a default smoke job needs from the installed package (the sample pairs, the MiniLM
     weights): a package built without them fails the build, not a job on Vertex after its machines started."""
     check = [args for name, args in steps if name == "RUN"][-1]
-    assert "SAMPLE_PATH" in check and "minilm_path" in check, check
+    assert "SAMPLE_PATH" in check and "resolve_model_path('minilm-l6')" in check, check

@@ -2,7 +2,9 @@
 answers `--help` with a usage, each `make TARGET` is a rule of the Makefile, each notebook and parameter file a
 papermill line names is there. The commands are read from the code in README.md, notebooks/README.md,
 docker/README.md, benchmarks/README.md (fenced blocks and `inline code`) and the comments of notebooks/params/*.yaml,
-so a doc cannot advertise a command that does not exist (as `python -m nli_helpers.notebook_runs --params` once did)."""
+so a doc cannot advertise a command that does not exist (as `python -m nli_helpers.notebook_runs --params` once did).
+Each flag a documented trainer command line passes is one the trainer's parser has (its flags are TrainConfig's
+Hugging Face names: a doc still typing `--job-dir` or `--epochs` fails here)."""
 
 from __future__ import annotations
 
@@ -41,11 +43,24 @@ TARGETS = documented(r"(?:^|[\s;(&|])make (?:[A-Z_]+=\S+ )*([a-z][\w-]*)")
 NOTEBOOK_RUNS = documented(r"papermill [^\n]*?(notebooks/[\w/]+\.(?:ipynb|yaml))")
 
 
+def trainer_flags() -> list[str]:
+    """The flags on the trainer's documented command lines (`python -m nli_helpers.task ...`, the Vertex AI entry
+    point's, `nli-train`), continuation lines joined and comments left out."""
+    command = re.compile(r"(?:python3? -m nli_helpers\.(?:task|vertex\.entry)|nli-train)\b([^#]*)")
+    found = {flag for path in DOCS for snippet in code_in(path) for line in snippet.replace("\\\n", " ").splitlines()
+             if (m := command.search(line)) for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", m.group(1))}
+    return sorted(found)
+
+
+TRAINER_FLAGS = trainer_flags()
+
+
 def test_the_docs_name_the_commands_this_test_checks():
     # The extraction itself: if it found nothing, every test below would pass on nothing.
     assert {"nli_helpers.task", "nli_helpers.vertex.launch", "localcloud"} <= set(MODULES), MODULES
     assert {"demo", "test", "train-smoke", "bench", "gpu-check", "image-check"} <= set(TARGETS), TARGETS
     assert "benchmarks/gpu_check.py" in SCRIPTS and NOTEBOOK_RUNS
+    assert {"--help", "--profile", "--output_dir", "--config"} <= set(TRAINER_FLAGS), TRAINER_FLAGS
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -54,6 +69,14 @@ def test_each_documented_module_answers_help(module):
                           timeout=120)
     assert proc.returncode == 0 and "usage" in proc.stdout.lower(), (
         f"the docs say `python -m {module}`, but `--help` gives no usage: {proc.stdout[-500:]}{proc.stderr[-1500:]}")
+
+
+@pytest.mark.parametrize("flag", TRAINER_FLAGS)
+def test_each_flag_of_a_documented_trainer_command_exists(flag):
+    from nli_helpers.config import build_parser
+
+    options = {o for action in build_parser()._actions for o in action.option_strings}
+    assert flag in options, f"the docs pass `{flag}` to the trainer, which has no such flag (`--help` lists them)"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -50,7 +50,7 @@ def test_auto_precision_is_bf16_only_where_the_gpu_computes_it(monkeypatch, name
 # -- 2. no GPU, no `full` run ---------------------------------------------------------------------------------------
 def test_full_profile_without_a_gpu_stops_at_once_before_loading_anything(tmp_path):
     start = time.monotonic()
-    proc = run_task("--profile", "full", "--job-dir", str(tmp_path / "job"), env={"CUDA_VISIBLE_DEVICES": ""})
+    proc = run_task("--profile", "full", "--output_dir", str(tmp_path / "job"), env={"CUDA_VISIBLE_DEVICES": ""})
     took = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "profile full trains roberta-base on 393k pairs, which needs a CUDA GPU" in proc.stderr
@@ -72,8 +72,8 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
                                                             "accelerator_type": "NVIDIA_L4", "accelerator_count": 1},
                                            "replica_count": "1"}]}}
     env = {"CLUSTER_SPEC": json.dumps(spec)}
-    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
-            "--max_train_samples", "16", "--job-dir", str(tmp_path / "job"))
+    args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs", "1",
+            "--max_train_samples", "16", "--output_dir", str(tmp_path / "job"))
     proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
     assert replica_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
@@ -89,8 +89,9 @@ def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_mod
     from nli_helpers.model import load_model_and_tokenizer
 
     monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16
-    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
-                      max_eval_samples=16, log_every=1, warmup_ratio=0.25, progress=False, keep_checkpoints=0)
+    cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=1, per_device_train_batch_size=8,
+                      max_train_samples=64, max_eval_samples=16, logging_steps=1, warmup_ratio=0.25, progress=False,
+                      save_total_limit=0)
 
     def run(poison: bool):
         torch.manual_seed(0)
@@ -147,15 +148,16 @@ def torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.Compl
 
 
 def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model_dir):
-    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
-            "--batch_size", "8", "--max_train_samples", "48", "--precision", "fp32", "--checkpoint_every", "2",
-            "--no-progress", "--job-dir", str(tmp_path / "job"))
+    args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs",
+            "1", "--per_device_train_batch_size", "8", "--max_train_samples", "48", "--precision", "fp32",
+            "--save_steps", "2", "--no-progress", "--output_dir", str(tmp_path / "job"))
     one = run_task(*args)  # checkpoints at steps 2 and 4 of 6, written by one process
     assert one.returncode == 0, one.stderr[-2000:]
-    resumed = torchrun(*args, "--resume", "auto")
-    assert resumed.returncode != 0
-    assert "it was written by 1 process(es) and this run has 2" in resumed.stderr
-    assert "Resume with 1 process(es)" in resumed.stderr
+    resumed = torchrun(*args, "--resume_from_checkpoint", "auto")  # the same flags: only the process count differs
+    assert resumed.returncode != 0, resumed.stderr[-3000:]  # torchrun: 1 when a rank failed
+    assert "error: cannot resume from " in resumed.stderr and "checkpoint-00000004" in resumed.stderr
+    assert "the number of processes (1 -> 2" in resumed.stderr
+    assert resumed.stderr.count("exitcode  : 2") == 2  # torchrun's report: each rank ended with its error: line
 
 
 def test_resume_in_another_precision_is_refused():
@@ -163,8 +165,9 @@ def test_resume_in_another_precision_is_refused():
 
     cfg = make_config("smoke", data="sample")
     state = {"config": cfg.to_dict(), "world_size": 1, "precision": "bf16", "rng": [{}]}
-    with pytest.raises(CheckpointError, match="it trained in bf16 and this run would train in fp16.*--precision bf16"):
+    with pytest.raises(CheckpointError, match=r"cannot resume from ckpt: precision \(bf16 -> fp16: .*--precision"):
         check_resumable("ckpt", state, cfg, 1, "fp16")
+    check_resumable("ckpt", state, cfg, 1, "bf16")  # the same precision resumes
 
 
 def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one():
@@ -183,19 +186,21 @@ def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one(
 # -- 6. a failure on rank 0 ends every rank within seconds, with rank 0's message ----------------------------------
 def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_model_dir):
     # A checkpoint dir of 4,065 bytes: the check before training (a probe file, /.nli-write-check-<pid>, 25 bytes at
-    # most) and the lock pass, but the checkpoint's temporary folder (/.tmp-checkpoint-<step>-<8 random>, 34 bytes)
-    # pushes the path past PATH_MAX (4,096 bytes with its NUL): the write fails on rank 0 only, at the first one.
+    # most) and the lock pass, but a checkpoint's files (/checkpoint-<step>/config.json, 32 bytes) push the path past
+    # PATH_MAX (4,096 bytes with its NUL): the write fails on rank 0 only, at the first one.
     root = str(tmp_path)
     while len(root) < 4065 - 201:
         root += "/" + "d" * 200
     root += "/" + "d" * (4065 - len(root) - 1)
     start = time.monotonic()
-    proc = torchrun("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "2",
-                    "--batch_size", "8", "--max_train_samples", "32", "--precision", "fp32", "--no-progress",
-                    "--job-dir", str(tmp_path / "job"), "--checkpoint_dir", root)
+    proc = torchrun("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir,
+                    "--num_train_epochs", "2", "--per_device_train_batch_size", "8", "--max_train_samples", "32",
+                    "--precision", "fp32", "--no-progress", "--output_dir", str(tmp_path / "job"),
+                    "--checkpoint_dir", root)
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert "rank 0 failed, so rank 1 stops too: CheckpointError: could not write checkpoint" in proc.stderr
+    assert "(File name too long)" in proc.stderr
     assert took < 120, took  # not the 30-minute collective timeout
 
 
@@ -210,26 +215,16 @@ def test_torchrun_stopping_the_survivors_is_not_taken_for_a_preemption(monkeypat
     assert not stopped_by_torchrun_after_a_failure()
 
 
-# -- 7. the recipe's global batch, whatever the number of processes ---------------------------------------------
-def test_the_global_batch_does_not_change_with_the_number_of_processes(tmp_path, tiny_model_dir):
-    args = ("--profile", "smoke", "--data", "sample", "--model-name", tiny_model_dir, "--epochs", "1",
-            "--batch_size", "8", "--max_train_samples", "64", "--precision", "fp32", "--no-progress")
-    two = torchrun(*args, "--job-dir", str(tmp_path / "two"))
+# -- 7. the global batch: per-device batch x processes x accumulation, as Trainer's ----------------------------------
+def test_the_global_batch_is_the_per_device_batch_times_the_processes(tmp_path, tiny_model_dir):
+    args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs",
+            "1", "--per_device_train_batch_size", "4", "--max_train_samples", "64", "--precision", "fp32",
+            "--no-progress")
+    two = torchrun(*args, "--output_dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-2000:]
-    assert "batch: 8 pairs per optimizer step (global) = 2 process(es) x 4 x 1 accumulation step(s)" in two.stdout
+    assert "batch: 8 pairs per optimizer step = 2 process(es) x 4 x 1 accumulation step(s)" in two.stdout
     train = json.loads((tmp_path / "two" / "metrics.json").read_text())["train"]
     assert (train["global_batch"], train["per_process_batch"], train["processes"], train["steps"]) == (8, 4, 2, 8)
-    odd = torchrun(*args, "--batch_size", "9", "--job-dir", str(tmp_path / "odd"))
-    assert odd.returncode != 0
-    assert "batch_size=9 (the global batch) does not split over 2 process(es)" in odd.stderr
-
-
-def test_full_off_the_recipe_batch_warns():
-    from nli_helpers.config import batch_line
-
-    assert "warning" not in batch_line(make_config("full"), 8)
-    line = batch_line(make_config("full", batch_size=64), 2)
-    assert "warning: the reference recipe trains at a global batch of 32" in line
 
 
 # -- 9. on a real GPU: every host sync in a step is a named one ----------------------------------------------------
@@ -277,7 +272,8 @@ class ScalarReads(TorchDispatchMode):
 def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_model_dir, precision, attention):
     """transformers' `padding_mask.all()` (one a forward) and GradScaler.get_scale (two an fp16 step) read tensors
     into Python; a step now passes a mask the model takes as it is and compares the loss scale once. Left: the fp16
-    step's skipped-step check (find_syncs.NAMED) and the DataLoader drawing its epoch's seed from a CPU generator."""
+    step's skipped-step check (find_syncs.NAMED), and once an epoch on the CPU, outside any step: the DataLoader
+    drawing its epoch's seed, and the length-grouped order choosing its longest batch."""
     from nli_helpers import distributed, train
     from nli_helpers.data import load_nli_splits, tokenize_splits
     from nli_helpers.model import load_model_and_tokenizer
@@ -286,8 +282,9 @@ def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_mo
     from find_syncs import NAMED
 
     monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: precision)
-    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=2, batch_size=8, max_train_samples=96,
-                      max_eval_samples=16, log_every=100, progress=False, keep_checkpoints=0)
+    cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=2, per_device_train_batch_size=8,
+                      max_train_samples=96, max_eval_samples=16, logging_steps=100, progress=False,
+                      save_total_limit=0)
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     model.config._attn_implementation = attention
     tokenized = tokenize_splits(load_nli_splits("sample", max_train_samples=96, max_eval_samples=16), tokenizer, 64)
@@ -296,6 +293,8 @@ def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_mo
         result = train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"))
     steps = result.metrics["train"]["steps"]
     assert steps == 24 and result.metrics["train"]["final_loss"] < 1.2
-    assert reads.sites.pop("train", 0) == cfg.epochs, "the epoch seed, drawn once an epoch on the CPU"
+    assert reads.sites.pop("train", 0) == cfg.num_train_epochs, "the epoch seed, drawn once an epoch on the CPU"
+    # transformers' length grouping puts the longest batch first (an argmax of CPU lengths), once an epoch
+    assert reads.sites.pop("get_length_grouped_indices", 0) == cfg.num_train_epochs
     assert set(reads.sites) <= set(NAMED), reads.sites
     assert reads.sites == ({"optimizer_step": steps} if precision == "fp16" else {}), reads.sites

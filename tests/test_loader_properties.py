@@ -6,8 +6,8 @@ for labels), arbitrary JSON values, random bytes, blank lines, a byte-order mark
 cut short. When a file loads, every label is 0/1/2, every premise and hypothesis is non-blank text,
 and every object line is either kept or counted in the report.
 
-And the loader's other end: any batch of rows collates (`PaddedCollator`) exactly as transformers'
-`DataCollatorWithPadding` would.
+And the loader's other end: for any lengths, batch size and number of ranks, `LengthGroupedBatches`
+gives every row once an epoch, and N ranks together the global batches one process sees.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import gzip
 import itertools
 import json
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nli_helpers.config import NLIError
-from nli_helpers.data import LABELS, load_nli_splits
+from nli_helpers.config import LABELS, NLIError
+from nli_helpers.data import LengthGroupedBatches, load_nli_splits
 
 KEYS = ("premise", "hypothesis", "label", "genre", "sentence1", "sentence2", "gold_label")
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
@@ -136,33 +135,21 @@ def test_any_jsonl_loads_or_raises_the_projects_error(tmp_path, file):
         assert accounted == expected, str(report)
 
 
-@pytest.fixture(scope="module")
-def tiny_tokenized(tiny_model_dir, sample_splits):
-    from transformers import AutoTokenizer
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 512), min_size=1, max_size=300), st.integers(1, 40), st.integers(1, 4),
+       st.booleans(), st.integers(0, 2**31), st.integers(0, 5))
+def test_any_lengths_give_every_row_once_and_the_same_global_batches_on_n_ranks(
+        lengths, per_rank, ranks, group_by_length, seed, epoch):
+    def batches(batch_size, **kwargs):
+        sampler = LengthGroupedBatches(lengths, batch_size, seed=seed, group_by_length=group_by_length, **kwargs)
+        sampler.set_epoch(epoch)
+        return list(sampler), len(sampler)
 
-    from nli_helpers.data import tokenize_splits
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return tokenizer, tokenize_splits(sample_splits, tokenizer, 64, use_cache=False)["train"]
-
-
-batches_of_rows = st.lists(st.integers(0, 10**6), min_size=1, max_size=40)  # taken modulo the rows
-
-
-@settings(max_examples=100, deadline=None)
-@given(batches_of_rows, st.sampled_from(["right", "left"]), st.sampled_from([None, 3, 8]))
-def test_any_batch_of_rows_collates_as_transformers_does(tiny_tokenized, rows, side, multiple):
-    """For any rows (repeated, in any order) PaddedCollator and DataCollatorWithPadding agree."""
-    import torch
-    from transformers import DataCollatorWithPadding
-
-    from nli_helpers.data import PaddedCollator
-
-    tokenizer, split = tiny_tokenized
-    tokenizer.padding_side = side
-    rows = [row % len(split) for row in rows]
-    features = list(split.remove_columns(["genre", "length"]).select(rows))
-    theirs = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)(features)
-    ours = PaddedCollator(split, tokenizer, pad_to_multiple_of=multiple)(rows)
-    assert ours.keys() == theirs.keys()
-    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)
+    one, count = batches(per_rank * ranks)
+    assert sorted(i for b in one for i in b) == list(range(len(lengths))) and count == len(one)
+    shares = [batches(per_rank, num_replicas=ranks, rank=r) for r in range(ranks)]
+    steps = {len(s) for s, _ in shares} | {n for _, n in shares}
+    kept = [b for b in one if len(b) >= ranks]  # a last batch too small for every rank is left out
+    assert kept in (one, one[:-1]) and steps == {len(kept)}  # every rank steps as often
+    together = [sorted(i for part in step for i in part) for step in zip(*(s for s, _ in shares))]
+    assert together == [sorted(b) for b in kept]

@@ -18,7 +18,9 @@ import pytest
 
 from localcloud.hub import FILE, REPO, HubStandIn
 from nli_helpers import mnli
-from nli_helpers.data import MNLI_SUBSET, DataError, load_nli_splits, write_mnli_subset
+from nli_helpers.config import LABELS
+from nli_helpers.data import MNLI_SUBSET, LoadReport, load_nli_splits, mnli_subset_frame
+from nli_helpers.tables import DataError
 from tests.helpers import ROOT
 
 NEWCOMER = """
@@ -29,7 +31,7 @@ nli_helpers.mnli.SHARED_FILE = Path("/nonexistent/shared/data/mnli_dev_matched.j
 from nli_helpers.config import make_config
 from nli_helpers.data import load_nli_splits
 cfg = make_config("smoke")
-out = {"data": cfg.data, "epochs": cfg.epochs}
+out = {"data": cfg.data, "epochs": cfg.num_train_epochs}
 try:
     splits = load_nli_splits(sys.argv[1] if len(sys.argv) > 1 else cfg.data)
     out.update(source=splits.report.source, rows=splits.report.rows,
@@ -115,7 +117,11 @@ def test_the_served_file_has_the_hub_repositorys_columns_and_labels(real_data_pa
 
 
 def test_a_jobs_copy_of_the_subset_loads_to_the_same_splits(mnli_subset, tmp_path):
-    written = write_mnli_subset(tmp_path / "mnli-subset.jsonl")
+    # What vertex.stage_data uploads for a job: the subset's pairs as JSON Lines, labels by name.
+    frame = mnli_subset_frame(LoadReport(MNLI_SUBSET))
+    written = tmp_path / "mnli-subset.jsonl"
+    frame.assign(label=[LABELS[i] for i in frame["label"]]).to_json(written, orient="records", lines=True,
+                                                                    force_ascii=False)
     rows = pd.read_json(written, lines=True)
     assert len(rows) == 2994 and rows["premise"].nunique() == 1018
     assert rows["premise"].map(mnli.in_subset).all() and set(rows["label"]) == {"entailment", "neutral",

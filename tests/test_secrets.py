@@ -2,7 +2,7 @@
 
 - Every committed notebook (notebooks/*.ipynb, and the papermill parameter files) is scanned for
   key-like strings: cell sources, outputs and metadata.
-- A real short training run (tiny-random, a few steps) is started with fake credentials in its
+- A real short training run (the tests' tiny model, a few steps) is started with fake credentials in its
   environment; its stdout, stderr and every file it writes are scanned for them and for any other
   key-like string.
 - Every file the run writes is checked for pickle: model weights are `model.safetensors`; the only
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, run_task
+from tests.tiny_model import tiny_model
 
 SECRET_PATTERNS = {
     "Google API key": re.compile(r"AIza[0-9A-Za-z_\-]{35}"),
@@ -156,8 +157,9 @@ def short_run(tmp_path_factory):
     env = {"HF_TOKEN": secrets["Hugging Face token"], "GOOGLE_API_KEY": secrets["Google API key"],
            "AWS_ACCESS_KEY_ID": secrets["AWS access key id"], "NLI_TEST_OAUTH": secrets["OAuth access token"],
            "NLI_TEST_SECRET": secrets["assigned secret"]}
-    proc = run_task("--profile", "smoke", "--model-name", "tiny-random", "--epochs", "2", "--max_train_samples", "32",
-                    "--batch_size", "16", "--log_every", "1", "--job-dir", str(job), "--no-progress", env=env)
+    proc = run_task("--profile", "smoke", "--model_name_or_path", tiny_model(), "--num_train_epochs", "2",
+                    "--max_train_samples", "32", "--per_device_train_batch_size", "16", "--logging_steps", "1",
+                    "--output_dir", str(job), "--no-progress", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, job, secrets
 
@@ -185,8 +187,8 @@ def test_run_writes_safetensors_and_no_pickle_but_checkpoint_state(short_run):
         json.loads(weights.read_bytes()[8:8 + header_len])  # a safetensors header: JSON, no code
     pickles = {p: kind for p in files if (kind := pickle_kind(p))}
     assert {p.name for p in pickles} <= PICKLE_ALLOWED, f"pickle files written: {pickles}"
-    if any(p.name == "manifest.json" for p in files):  # the run checkpointed: its state was checked below
-        assert pickles
+    checkpoints = {p.parent.name for p in files if p.name == "manifest.json"}
+    assert checkpoints and pickles, "the run wrote no checkpoint: its training state went unchecked"
     for state in pickles:  # training state: tensors and plain values only
         loaded = torch.load(state, map_location="cpu", weights_only=True)
         assert isinstance(loaded, dict) and "optimizer" in loaded

@@ -37,21 +37,22 @@ class SigtermAt(TrainCallback):
 
 
 def cfg(job: Path, tiny_model_dir: str, **kw):
-    values = dict(data="sample", model_name=tiny_model_dir, epochs=1, batch_size=16, precision="fp32",
-                  log_every=1, progress=False, job_dir=str(job), max_train_samples=64, max_eval_samples=32)
+    values = dict(data="sample", model_name_or_path=tiny_model_dir, num_train_epochs=1,
+                  per_device_train_batch_size=16, precision="fp32", logging_steps=1, progress=False,
+                  output_dir=str(job), max_train_samples=64, max_eval_samples=32)
     return make_config("smoke", **{**values, **kw})
 
 
 def test_sigterm_without_checkpoints_says_so_and_exits_with_a_code_vertex_does_not_retry(tmp_path, tiny_model_dir):
-    with pytest.raises(RunStopped, match="with no checkpoint to resume from .--keep_checkpoints 0") as err:
-        run_training(cfg(tmp_path / "job", tiny_model_dir, keep_checkpoints=0), callbacks=[SigtermAt(step=1)])
+    with pytest.raises(RunStopped, match="with no checkpoint to resume from .--save_total_limit 0") as err:
+        run_training(cfg(tmp_path / "job", tiny_model_dir, save_total_limit=0), callbacks=[SigtermAt(step=1)])
     assert err.value.checkpoint is None and err.value.step == 1
     assert stopped_exit(err.value, env={})[0] == 143  # on Vertex AI: permanent, no retry
     assert "checkpoint saved to None" not in str(err.value)
 
 
 def test_sigterm_with_a_checkpoint_exits_with_the_code_vertex_retries_and_marks_the_rank(tmp_path, tiny_model_dir):
-    with pytest.raises(RunStopped, match="checkpoint saved to .*Rerun with --resume auto") as err:
+    with pytest.raises(RunStopped, match="checkpoint saved to .*Rerun with --resume_from_checkpoint auto") as err:
         run_training(cfg(tmp_path / "job", tiny_model_dir), callbacks=[SigtermAt(step=1)])
     assert err.value.checkpoint == latest_checkpoint(str(tmp_path / "job" / "checkpoints"))
     markers = tmp_path / "markers"
@@ -68,9 +69,10 @@ def test_sigterm_during_the_final_evaluation_checkpoints_the_last_step_and_finis
     assert (job / "metrics.json").is_file()  # and the run itself was saved whole
 
 
-def test_grad_accum_larger_than_an_epoch_is_refused_instead_of_looping_forever(tmp_path, tiny_model_dir):
-    with pytest.raises(ConfigError, match="grad_accum_steps=16 is more than the 8 micro-batch"):
-        run_training(cfg(tmp_path / "job", tiny_model_dir, max_train_samples=8, grad_accum_steps=16))
+def test_gradient_accumulation_longer_than_an_epoch_is_refused_instead_of_looping_forever(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=16 is more than the 4 micro-batch"):
+        run_training(cfg(tmp_path / "job", tiny_model_dir, max_train_samples=8, per_device_train_batch_size=2,
+                         gradient_accumulation_steps=16))
 
 
 def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir):
@@ -84,6 +86,6 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
         run_training(cfg(job, tiny_model_dir, data=str(data)), callbacks=[SigtermAt(step=2)])
     data.write_text("\n".join(lines[:-12]) + "\n")  # the file changed under its name
     with pytest.raises(NLIError, match=f"the training pairs under data='{data}'"):
-        run_training(cfg(job, tiny_model_dir, data=str(data), resume="auto"))
+        run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto"))
     with pytest.raises(NLIError, match=r"eval_fraction \(0.1 -> 0.2\)"):
-        run_training(cfg(job, tiny_model_dir, data=str(data), resume="auto", eval_fraction=0.2))
+        run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto", eval_fraction=0.2))

@@ -4,11 +4,21 @@ import gzip
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 
-from tests.helpers import ROWS, VERTEX_ENTRY, run_fails, run_task, truncated, write_jsonl
+from tests.helpers import ROOT, ROWS, VERTEX_ENTRY, run_fails, run_task, truncated, write_jsonl
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The `error:` lines; what follows the first (a list of bad settings) must be indented under it."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert errors and all(line.startswith("  ") for line in lines[errors[0] + 1:]), stderr
+    return [lines[i] for i in errors]
 
 
 def test_help_lists_every_field_with_its_help():
@@ -17,20 +27,17 @@ def test_help_lists_every_field_with_its_help():
     proc = run_task("--help")
     assert proc.returncode == 0
     for name in TrainConfig.field_names():
-        assert f"--{name.replace('_', '-')}" in proc.stdout
+        assert f"--{name}" in proc.stdout and f"--{name.replace('_', '-')}" in proc.stdout
+    assert "--config FILE" in proc.stdout and "--bf16" in proc.stdout
 
 
-def test_help_answers_before_torch_or_transformers_load():
-    """The heavy libraries load after the arguments pass: `--help` and a bad flag answer at once."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
+def test_help_answers_before_torch_loads():
+    """The heavy libraries load after the arguments pass: `--help` and a bad flag answer at once (the parser is
+    transformers' HfArgumentParser, which loads no torch)."""
     script = ("import sys\nfrom nli_helpers import task\n"
-              "for argv in (['--help'], ['--epochs', 'x']):\n"
+              "for argv in (['--help'], ['--num_train_epochs', 'x']):\n"
               "    try:\n        task.main(argv)\n    except SystemExit:\n        pass\n"
-              "print(sorted(m for m in ('torch', 'transformers', 'gcsfs') if m in sys.modules))")
+              "print(sorted(m for m in ('torch', 'gcsfs', 'datasets', 'pandas') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout[-500:]
@@ -38,18 +45,21 @@ def test_help_answers_before_torch_or_transformers_load():
 
 @pytest.mark.parametrize("args, message", [
     (["--learning_rate", "0"], "learning_rate=0.0 must be > 0"),
-    (["--batch_size", "0"], "batch_size=0 must be a positive integer"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be a positive integer"),
     (["--fraction_of_train_data", "1.5"], "must be a fraction in (0, 1]"),
     (["--data", "no/such/file.jsonl"], "data file no/such/file.jsonl does not exist"),
-    (["--model-name", "./no-such-model"], "model directory ./no-such-model does not exist"),
-    (["--model-name", "not-a-real-org/not-a-model"], "was not found"),
+    (["--model_name_or_path", "./no-such-model"], "could not load model './no-such-model'"),
+    (["--model_name_or_path", "not-a-real-org/not-a-model"], "nor reachable on the Hugging Face hub"),
     (["--precision", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--num_train_epochs", "x"], "--num_train_epochs/--num-train-epochs: invalid float value: 'x'"),
+    (["--job-dir", "out"], "unrecognized arguments: --job-dir out"),  # the old names are gone
 ])
 def test_mistakes_exit_2_with_one_message_and_no_output(tmp_path, args, message):
     job = tmp_path / "job"
-    proc = run_task("--profile", "smoke", "--job-dir", str(job), *args)
+    proc = run_task("--profile", "smoke", "--output_dir", str(job), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not job.exists()
 
@@ -58,7 +68,7 @@ def test_mistakes_exit_2_with_one_message_and_no_output(tmp_path, args, message)
 def test_bad_data_exits_2_with_one_message_and_writes_nothing(tmp_path, case):
     if case == "unknown-label":
         data, message = write_jsonl(tmp_path / "d.jsonl", [{"premise": "a", "hypothesis": "b", "label": "yes"}]), \
-            "unknown label value(s) 'yes'"
+            "'yes'"
     elif case == "empty":
         data, message = tmp_path / "d.jsonl", "is empty"
         data.write_bytes(b"")
@@ -67,13 +77,14 @@ def test_bad_data_exits_2_with_one_message_and_writes_nothing(tmp_path, case):
         data, message = tmp_path / "d.parquet", "as parquet"
         data.write_bytes(truncated((tmp_path / "full.parquet").read_bytes()))
     elif case == "truncated-gzip":
-        data, message = tmp_path / "d.jsonl.gz", "(gzip)"
+        data, message = tmp_path / "d.jsonl.gz", "d.jsonl.gz"
         data.write_bytes(truncated(gzip.compress("".join(json.dumps(r) + "\n" for r in ROWS * 20).encode())))
     else:
         data, message = write_jsonl(tmp_path / "d.jsonl", [json.dumps(r) for r in ROWS[:2]] + ["{oops"]), \
-            "d.jsonl line 3 is not valid JSON"
+            "line 3"
     job = tmp_path / "job"
-    run_fails(job, message, "--data", str(data))
+    proc = run_fails(job, message, "--data", str(data))
+    assert len(error_lines(proc.stderr)) == 1 and str(data.name) in error_lines(proc.stderr)[0], proc.stderr
     assert not job.exists()
 
 
@@ -83,7 +94,7 @@ def test_bad_data_exits_2_with_one_message_and_writes_nothing(tmp_path, case):
     pytest.param("in-a-read-only-dir",
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")),
 ])
-def test_unwritable_job_dir(tmp_path, case):
+def test_unwritable_output_dir(tmp_path, case):
     blocker = tmp_path / "file"
     if case == "under-a-file":
         blocker.write_text("not a directory")
@@ -97,31 +108,89 @@ def test_unwritable_job_dir(tmp_path, case):
         parent.chmod(0o500)
         job = parent / "job"
     try:
-        run_fails(job, "cannot be written")
+        proc = run_fails(job, "cannot be written")
     finally:
         if case == "in-a-read-only-dir":
             parent.chmod(0o700)
+    assert "--output_dir" in proc.stderr
     if case != "in-a-read-only-dir":
         assert blocker.read_text() == "not a directory"  # left as it was
 
 
-def test_a_short_run_writes_every_artefact(tmp_path, tiny_model_dir):
-    job = tmp_path / "job"
-    proc = run_task("--profile", "smoke", "--model-name", tiny_model_dir, "--epochs", "1",
-                    "--max_train_samples", "64", "--job-dir", str(job), "--no-progress")
-    assert proc.returncode == 0, proc.stderr
+# -- a short run with Hugging Face's flags, and its train_config.json read back with --config ---------------------
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, tiny_model_dir):
+    job = tmp_path_factory.mktemp("short") / "job"
+    proc = run_task("--model_name_or_path", tiny_model_dir, "--data", "sample", "--max_train_samples", "64",
+                    "--num_train_epochs", "1", "--per_device_train_batch_size", "16", "--output_dir", str(job),
+                    "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, job
+
+
+def test_a_short_run_writes_every_artefact(short_run):
+    proc, job = short_run
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "train_config.json",
                  "history.jsonl"):
         assert (job / name).is_file(), name
     assert "validation_matched acc" in proc.stdout
+    assert "batch: 16 pairs per optimizer step = 1 process(es) x 16 x 1 accumulation step(s)" in proc.stdout
+    train = json.loads((job / "metrics.json").read_text())["train"]
+    assert (train["steps"], train["global_batch"], train["per_process_batch"], train["epochs"]) == (4, 16, 16, 1)
 
 
-def test_on_vertex_the_job_dir_defaults_to_aip_model_dir_and_checkpoints_resume(tmp_path, tiny_model_dir):
+def test_the_saved_train_config_reads_back_as_the_same_config(short_run):
+    from nli_helpers.config import TrainConfig, parse_args
+
+    _, job = short_run
+    saved = TrainConfig(**json.loads((job / "train_config.json").read_text()))
+    assert (saved.num_train_epochs, saved.per_device_train_batch_size, saved.output_dir, saved.data) == (
+        1, 16, str(job), "sample")
+    assert parse_args(["--config", str(job / "train_config.json")], verbose=False) == saved
+
+
+def test_a_run_of_a_saved_config_with_a_flag_over_it_imports_no_cloud_code(short_run, tmp_path):
+    """`--config <a run's train_config.json>` trains again, the flag over the file winning; a local run loads no
+    Cloud Storage code (gcsfs, google.*): sys.modules at the command's end."""
+    _, job = short_run
+    again = tmp_path / "again"
+    script = ("import runpy, sys\n"
+              "before = set(sys.modules)  # google and google.cloud: empty namespaces a .pth file makes\n"
+              f"sys.argv = ['nli_helpers.task', '--config', {str(job / 'train_config.json')!r}, "
+              f"'--output_dir', {str(again)!r}, '--no-progress']\n"
+              "try:\n    runpy.run_module('nli_helpers.task', run_name='__main__')\n"
+              "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+              "print(sorted(m for m in set(sys.modules) - before if m.startswith(('gcsfs', 'google'))))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout[-500:]
+    first, second = (json.loads((d / "train_config.json").read_text()) for d in (job, again))
+    assert second == {**first, "output_dir": str(again)}
+    assert (again / "metrics.json").is_file()
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"num_train_epochs": 1, "learnin_rate": 0.1}', "has unknown field(s) learnin_rate"),
+    ('{"num_train_epochs": "one"}', "--num_train_epochs/--num-train-epochs: invalid float value: 'one'"),
+    ('{"learning_rate": -1}', "learning_rate=-1.0 must be > 0"),
+    ('{"num_train_epochs": 1', "could not be read"),
+])
+def test_a_wrong_config_file_exits_2_with_one_error_line(tmp_path, text, message):
+    path = tmp_path / "train.json"
+    path.write_text(text)
+    job = tmp_path / "job"
+    proc = run_task("--config", str(path), "--output_dir", str(job))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(error_lines(proc.stderr)) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not job.exists()
+
+
+def test_on_vertex_the_output_dir_defaults_to_aip_model_dir_and_checkpoints_resume(tmp_path, tiny_model_dir):
     """What the trainer image runs (nli_helpers.vertex.entry): Vertex AI's directories, and a restart resumes."""
     job, checkpoints = tmp_path / "aip", tmp_path / "aip-checkpoints"
     env = {"AIP_MODEL_DIR": str(job), "AIP_CHECKPOINT_DIR": str(checkpoints)}
-    args = ("--profile", "smoke", "--model-name", tiny_model_dir, "--epochs", "2", "--max_train_samples", "32",
-            "--no-progress")
+    args = ("--profile", "smoke", "--model_name_or_path", tiny_model_dir, "--num_train_epochs", "2",
+            "--max_train_samples", "32", "--no-progress")
     proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 0, proc.stderr
     assert (job / "metrics.json").is_file() and list(checkpoints.glob("checkpoint-*"))
@@ -131,12 +200,12 @@ def test_on_vertex_the_job_dir_defaults_to_aip_model_dir_and_checkpoints_resume(
 
 
 # -- what a person sees: a bar in a terminal, plain lines in a collected log (a file, a pipe, Cloud Logging) ------
-LOGGED_RUN = ("--profile", "smoke", "--data", "sample", "--epochs", "1", "--max_train_samples", "96",
-              "--batch_size", "8", "--log_every", "3")  # 12 steps: a line at 3, 6, 9 and 12
+LOGGED_RUN = ("--profile", "smoke", "--data", "sample", "--num_train_epochs", "1", "--max_train_samples", "96",
+              "--per_device_train_batch_size", "8", "--logging_steps", "3")  # 12 steps: a line at 3, 6, 9 and 12
 
 
 def test_a_collected_log_holds_one_plain_line_per_log_interval_and_no_bar(tmp_path, tiny_model_dir):
-    proc = run_task(*LOGGED_RUN, "--model-name", tiny_model_dir, "--job-dir", str(tmp_path / "job"))
+    proc = run_task(*LOGGED_RUN, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "job"))
     assert proc.returncode == 0, proc.stderr
     output = proc.stdout + proc.stderr
     assert "\r" not in output  # no carriage-return bar, from us or from datasets/transformers
@@ -151,16 +220,13 @@ def test_a_terminal_gets_the_live_bar_instead(tmp_path, tiny_model_dir):
     import fcntl
     import pty
     import struct
-    import subprocess
-    import sys
     import termios
-
-    from tests.helpers import ROOT
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
-    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *LOGGED_RUN, "--model-name", tiny_model_dir,
-                             "--job-dir", str(tmp_path / "job")], stdout=follower, stderr=follower, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.task", *LOGGED_RUN, "--model_name_or_path",
+                             tiny_model_dir, "--output_dir", str(tmp_path / "job")], stdout=follower,
+                            stderr=follower, cwd=ROOT)
     os.close(follower)
     chunks = []
     while True:

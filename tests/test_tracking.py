@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from nli_helpers import storage
+from nli_helpers import files
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.run import default_callbacks, run_training
 from nli_helpers.tracking import TensorBoardCallback
@@ -24,11 +24,13 @@ TRIAL_ID = "5"
 
 @pytest.fixture(scope="module")
 def trial_run(tmp_path_factory, tiny_model_dir):
-    """A tuning trial as Vertex AI starts one: only the environment says so; the entry point adds the callbacks."""
+    """A tuning trial as Vertex AI starts one: only the environment says so; the entry point adds the callbacks (and
+    `--report_to tensorboard` the run's own TensorBoard)."""
     tmp = tmp_path_factory.mktemp("trial")
     metric_file = tmp / "hypertune" / "output.metrics"
-    cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=1, batch_size=8, max_train_samples=32,
-                      eval_every=2, log_every=1, keep_checkpoints=0, progress=False, job_dir=str(tmp / "job"))
+    cfg = make_config("smoke", model_name_or_path=tiny_model_dir, data="sample", num_train_epochs=1,
+                      per_device_train_batch_size=8, max_train_samples=32, eval_steps=2, logging_steps=1,
+                      save_total_limit=0, progress=False, output_dir=str(tmp / "job"), report_to="tensorboard")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CLOUD_ML_TRIAL_ID", TRIAL_ID)
         mp.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
@@ -40,7 +42,7 @@ def trial_run(tmp_path_factory, tiny_model_dir):
 def test_a_trial_reports_the_metric_after_every_evaluation(trial_run):
     result, metric_file, _ = trial_run
     evals = result.metrics["eval_history"]
-    assert [e["step"] for e in evals] == [2, 4]  # 32 pairs / batch 8 = 4 steps, eval_every 2
+    assert [e["step"] for e in evals] == [2, 4]  # 32 pairs / batch 8 = 4 steps, eval_steps 2
     lines = [json.loads(line) for line in metric_file.read_text().splitlines()]
     assert len(lines) == len(evals)
     for line, ev in zip(lines, evals):
@@ -67,29 +69,30 @@ def test_tensorboard_events_hold_every_scalar(trial_run):
             assert points == [(e["step"], pytest.approx(e[split][key])) for e in result.metrics["eval_history"]]
 
 
-def test_a_gcs_log_dir_is_uploaded_at_each_evaluation(gcs_bucket, tmp_path):
+def test_a_gcs_log_dir_is_copied_at_each_evaluation(gcs_bucket, tmp_path):
     log_dir = f"gs://{gcs_bucket}/jobs/1/logs/"  # as Vertex AI sets AIP_TENSORBOARD_LOG_DIR
-    with pytest.raises(ConfigError, match="needs upload= for a gs:// log dir"):
-        TensorBoardCallback(log_dir)  # the loop never imports Cloud Storage itself
-    cb = TensorBoardCallback(log_dir, upload=storage.upload)
+    fs, remote = files.filesystem(log_dir)
+    cb = TensorBoardCallback(log_dir)
     cb.on_log([{"step": 1, "loss": 1.1, "lr": 1e-4}, {"step": 2, "loss": 0.9, "lr": 2e-4, "examples_per_s": 50.0,
                                                         "tokens_per_s": 900.0}])
-    assert storage.list_uris(log_dir.rstrip("/")) == []  # nothing uploaded before an evaluation
+    assert fs.find(remote) == []  # nothing copied before an evaluation
     cb.on_evaluate(2, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.4}})
-    uploaded = storage.list_uris(log_dir.rstrip("/"))
-    assert len(uploaded) == 1 and "events.out.tfevents" in uploaded[0]
+    copied = fs.find(remote)
+    assert len(copied) == 1 and "events.out.tfevents" in copied[0]
     cb.on_log([{"step": 3, "loss": 0.7, "lr": 1e-4}])
     cb.on_train_end({})
-    storage.download(log_dir.rstrip("/"), tmp_path / "logs")
+    fs.get(remote.rstrip("/") + "/", str(tmp_path / "logs") + "/", recursive=True)
     scalars = read_scalars(tmp_path / "logs")
     assert scalars["train/loss"] == [(1, pytest.approx(1.1)), (2, pytest.approx(0.9)), (3, pytest.approx(0.7))]
     assert scalars["validation_matched/accuracy"] == [(2, 0.5)]
     assert scalars["throughput/examples_per_s"] == [(2, 50.0)]
 
 
-def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
+def test_default_callbacks_follow_the_config_and_the_environment(tmp_path, monkeypatch):
     cfg = make_config("smoke")
-    local = default_callbacks(cfg, str(tmp_path / "job"))
+    assert default_callbacks(cfg, str(tmp_path / "job")) == []  # Trainer's default: report to nothing
+    reporting = make_config("smoke", report_to="tensorboard")
+    local = default_callbacks(reporting, str(tmp_path / "job"))
     assert [type(c) for c in local] == [TensorBoardCallback]
     assert local[0].log_dir == str(tmp_path / "job" / "tensorboard")
     assert not (tmp_path / "job").exists()  # nothing is created before the first log
@@ -100,7 +103,7 @@ def test_default_callbacks_follow_the_environment(tmp_path, monkeypatch):
     for name, value in env.items():  # a trial's environment, which cloudml-hypertune reads
         monkeypatch.setenv(name, value)
     board, report = entry.callbacks(cfg)
-    assert default_callbacks(cfg, "gs://b/hp/2/model/", given=[board, report]) == []  # Vertex AI's log dir wins
+    assert default_callbacks(reporting, "gs://b/hp/2/model/", given=[board, report]) == []  # Vertex AI's log dir wins
     assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
     assert report.metric == "validation_mismatched_accuracy" and report.reporter.trial_id == "2"
     assert report.path == tmp_path / "m"

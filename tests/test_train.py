@@ -2,23 +2,26 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from nli_helpers.checkpoint import latest_checkpoint, load_checkpoint
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.distributed import resolve_precision
-from nli_helpers.model import predict
+from nli_helpers.model import load_model_and_tokenizer, predict
 from nli_helpers.run import run_training
 from nli_helpers.train import TrainCallback
+from tests.tiny_model import tiny_model
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "job"
-    cfg = make_config("smoke", data="sample", log_every=5, job_dir=str(out), progress=False)
+    cfg = make_config("smoke", data="sample", logging_steps=5, output_dir=str(out), progress=False)
     return run_training(cfg, verbose=False), out
 
 
@@ -40,7 +43,7 @@ def test_every_validation_split_is_scored(smoke_run):
         scores = result.metrics[split]
         assert scores["n"] == sum(map(sum, scores["confusion_matrix"]))
         assert 0 <= scores["accuracy"] <= 1 and "per_genre" in scores
-    assert len(result.metrics["eval_history"]) == result.config.epochs  # once per epoch
+    assert len(result.metrics["eval_history"]) == result.config.num_train_epochs  # once per epoch
 
 
 def test_export_reloads_and_predicts_like_the_in_memory_model(smoke_run):
@@ -61,18 +64,48 @@ def test_export_reloads_and_predicts_like_the_in_memory_model(smoke_run):
         assert a["probs"] == pytest.approx(b["probs"], abs=1e-5)
 
 
-def test_same_seed_same_run(tmp_path, tiny_model_dir):
+def test_a_checkpoint_and_the_run_folder_open_with_plain_from_pretrained(smoke_run):
+    """As Trainer's do: `AutoModelForSequenceClassification` and `AutoTokenizer` open a checkpoint
+    folder and the run folder as they are, with nothing of this package, every weight found."""
+    result, out = smoke_run
+    newest = latest_checkpoint(str(out / "checkpoints"))
+    assert newest and Path(newest).parent == out / "checkpoints"  # the epoch-end checkpoints
+    in_memory = {k: v.cpu() for k, v in result.model.state_dict().items()}
+    _, fresh_tokenizer = load_model_and_tokenizer("minilm-l6")
+    pair = ("A man is playing a guitar on stage.", "A man is performing music.")
+    for folder in (newest, str(out)):
+        model, info = AutoModelForSequenceClassification.from_pretrained(folder, output_loading_info=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        assert not info["missing_keys"] and not info["unexpected_keys"], (folder, info)
+        assert model.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+        assert tokenizer(*pair)["input_ids"] == fresh_tokenizer(*pair)["input_ids"]
+        with torch.no_grad():
+            logits = model.eval()(**tokenizer(*pair, return_tensors="pt")).logits
+        assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+        weights = model.state_dict()
+        if folder == str(out):  # the run folder holds the trained weights
+            assert all(torch.equal(weights[k], in_memory[k]) for k in in_memory)
+        else:  # the checkpoint holds what a resume loads, an earlier step's
+            resumed, _ = load_model_and_tokenizer("minilm-l6")
+            state = load_checkpoint(newest, resumed)
+            assert state["step"] < result.metrics["train"]["steps"]
+            assert all(torch.equal(weights[k], v) for k, v in resumed.state_dict().items())
+
+
+def test_same_seed_same_run(tmp_path):
     def losses(name):
-        cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
-                          job_dir=str(tmp_path / name), progress=False, log_every=1)
+        cfg = make_config("smoke", model_name_or_path=tiny_model(), num_train_epochs=1,
+                          per_device_train_batch_size=8, max_train_samples=64,
+                          output_dir=str(tmp_path / name), progress=False, logging_steps=1)
         return [r["loss"] for r in run_training(cfg, verbose=False).history]
 
     assert losses("a") == losses("b")
 
 
-def test_eval_every_adds_evaluations(tmp_path, tiny_model_dir):
-    cfg = make_config("smoke", model_name=tiny_model_dir, epochs=1, batch_size=8, max_train_samples=64,
-                      eval_every=3, job_dir=str(tmp_path / "e"), progress=False)
+def test_eval_steps_adds_evaluations(tmp_path):
+    cfg = make_config("smoke", model_name_or_path=tiny_model(), num_train_epochs=1,
+                      per_device_train_batch_size=8, max_train_samples=64, eval_steps=3,
+                      output_dir=str(tmp_path / "e"), progress=False)
     steps = [row["step"] for row in run_training(cfg, verbose=False).metrics["eval_history"]]
     assert steps == [3, 6, 8]
 
@@ -86,7 +119,7 @@ def test_gpu_only_precision_on_a_cpu_is_refused():
     assert resolve_precision("auto", torch.device("cpu")) in ("bf16", "fp32")
 
 
-def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
+def test_callbacks_see_every_log_and_evaluation(tmp_path):
     from nli_helpers.train import TrainCallback
 
     class Recorder(TrainCallback):
@@ -103,8 +136,9 @@ def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
             self.final = metrics
 
     rec = Recorder()
-    cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=2, batch_size=8,
-                      max_train_samples=64, log_every=3, job_dir=str(tmp_path / "cb"), progress=False)
+    cfg = make_config("smoke", model_name_or_path=tiny_model(), data="sample", num_train_epochs=2,
+                      per_device_train_batch_size=8, max_train_samples=64, logging_steps=3,
+                      output_dir=str(tmp_path / "cb"), progress=False)
     result = run_training(cfg, verbose=False, callbacks=[rec])
     assert rec.rows == result.history
     assert rec.evals == [(8, ["validation_matched", "validation_mismatched"]),
@@ -113,7 +147,7 @@ def test_callbacks_see_every_log_and_evaluation(tmp_path, tiny_model_dir):
 
 
 class StepMinutes(TrainCallback):
-    """A clock on which each optimizer step takes a minute (at log_every=1, on_log sees each)."""
+    """A clock on which each optimizer step takes a minute (at logging_steps=1, on_log sees each)."""
 
     def __init__(self):
         self.now = 0.0
@@ -125,8 +159,7 @@ class StepMinutes(TrainCallback):
         self.now += 60.0 * len(rows)
 
 
-def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_path, tiny_model_dir,
-                                                                         capsys):
+def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_path, capsys):
     from transformers import set_seed
 
     from nli_helpers.checkpoint import latest_checkpoint
@@ -135,14 +168,14 @@ def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_pat
     from nli_helpers.train import train
 
     def run(name, clock=None, resume_from=None, **overrides):
-        cfg = make_config("smoke", model_name=tiny_model_dir, data="sample", epochs=2, batch_size=8,
-                          max_train_samples=64, max_eval_samples=32, log_every=1,
-                          keep_checkpoints=10, precision="fp32", progress=False, **overrides)
+        cfg = make_config("smoke", model_name_or_path=tiny_model(), data="sample", num_train_epochs=2,
+                          per_device_train_batch_size=8, max_train_samples=64, max_eval_samples=32, logging_steps=1,
+                          save_total_limit=10, precision="fp32", progress=False, **overrides)
         splits = load_nli_splits("sample", seed=cfg.seed, max_train_samples=64, max_eval_samples=32)
         set_seed(cfg.seed)
-        model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+        model, tokenizer = load_model_and_tokenizer(tiny_model())
         extra = {"clock": clock, "callbacks": [clock]} if clock else {}
-        result = train(cfg, model, tokenizer, tokenize_splits(splits, tokenizer, cfg.max_length),
+        result = train(cfg, model, tokenizer, tokenize_splits(splits, tokenizer, cfg.max_seq_length),
                        checkpoint_root=str(tmp_path / name), resume_from=resume_from, **extra)
         return [(row["step"], row["loss"]) for row in result.history], result.metrics
 
@@ -194,10 +227,10 @@ def test_weight_decay_goes_by_shape_not_name():
     assert sorted(grouped) == sorted(id(p) for p in model.parameters() if p.requires_grad)
 
 
-def test_bert_keeps_the_groups_it_had_by_name(tiny_model_dir):
+def test_bert_keeps_the_groups_it_had_by_name():
     from nli_helpers.step import decay_groups
 
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model())
     by_name = {n for n, _ in model.named_parameters() if "bias" in n or "LayerNorm" in n}
     names = {id(p): n for n, p in model.named_parameters()}
     _, no_decay = decay_groups(model, 0.01)
@@ -206,15 +239,15 @@ def test_bert_keeps_the_groups_it_had_by_name(tiny_model_dir):
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_the_mask_a_step_passes_gives_the_logits_of_transformers_own(tiny_model_dir, attention):
+def test_the_mask_a_step_passes_gives_the_logits_of_transformers_own(attention):
     """step.model_inputs hands the model a mask it uses as it is (none for an unpadded batch, else a 4-D one), so
     transformers never asks the device whether the batch is padded: the logits do not change by a bit."""
     from transformers import AutoTokenizer
 
     from nli_helpers.step import model_inputs
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation=attention).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model())
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model(), attn_implementation=attention).eval()
     padded = dict(tokenizer(["a man sits on the bench in the park", "dogs"], ["he sits", "no dogs were seen at all"],
                             padding=True, return_tensors="pt"))
     unpadded = {k: v[:1, :int(padded["attention_mask"][0].sum())] for k, v in padded.items()}

@@ -11,6 +11,7 @@ from google.cloud.aiplatform_v1.types import Scheduling
 from localcloud.tuning import created_tuning_bodies
 from nli_helpers import vertex
 from nli_helpers.config import ConfigError, make_config
+from tests.tiny_model import tiny_model
 
 pytest_plugins = ["tests.fake_vertex"]
 
@@ -33,8 +34,9 @@ def Categorical(values):  # noqa: N802
     return hpt.CategoricalParameterSpec(values=values)
 
 
+# The parameter ids are the trainer's flags: Vertex AI passes each trial's values as --<id>=<value>.
 SPACE = {"learning_rate": Double(1e-5, 1e-4, scale="log"), "weight_decay": Double(0.0, 0.1),
-         "warmup_ratio": Double(0.0, 0.2), "batch_size": Discrete([16, 32])}
+         "warmup_ratio": Double(0.0, 0.2), "per_device_train_batch_size": Discrete([16, 32])}
 TENSORBOARD = f"projects/{PROJECT}/locations/{REGION}/tensorboards/123"
 SERVICE_ACCOUNT = "trainer@test-project.iam.gserviceaccount.com"
 
@@ -43,38 +45,34 @@ SERVICE_ACCOUNT = "trainer@test-project.iam.gserviceaccount.com"
 def test_every_problem_of_a_search_space_is_named_at_once():
     with pytest.raises(ConfigError) as err:
         vertex.validate_search_space({
-            "learnin_rate": Double(1e-5, 1e-4),          # a typo
-            "job_dir": Categorical(["a", "b"]),          # not a hyperparameter
-            "batch_size": Double(8, 64),                 # a float range on an int field
-            "learning_rate": Double(0.0, 1e-3, scale="log"),
-            "warmup_ratio": Double(0.0, 1.0),            # 1.0 is not a valid warmup ratio
-            "seed": Integer(5, 1),
+            "batch_size": Discrete([16, 32]),                      # the old name: not a flag any more
+            "output_dir": Categorical(["a", "b"]),                 # not a hyperparameter
+            "per_device_train_batch_size": Double(8, 64),          # a float range on an int field
+            "learning_rate": Double(0.0, 1e-3, scale="log"),       # 0 is not a learning rate
+            "warmup_ratio": Double(0.0, 1.0),                      # 1.0 is not a valid warmup ratio
+            "gradient_accumulation_steps": Discrete([1, 2.5]),     # not a whole number
+            "precision": Categorical(["fp32", "fp8"]),             # not a precision
         })
     message = str(err.value)
-    assert "'learnin_rate' is not a TrainConfig field (known: profile, model_name" in message
-    assert "'job_dir' cannot be searched" in message
-    assert "batch_size: a DoubleParameterSpec does not fit a int field" in message
-    assert "learning_rate: a log scale needs min > 0" in message
+    assert "'batch_size' is not a TrainConfig field (known: profile, model_name_or_path" in message
+    assert "'output_dir' cannot be searched" in message
+    assert "per_device_train_batch_size: a DoubleParameterSpec does not fit a int field" in message
+    assert "learning_rate: value 0.0: learning_rate=0.0 must be > 0" in message
     assert "warmup_ratio: value 1.0: warmup_ratio=1.0 must be in [0, 1)" in message
-    assert "seed: min 5 must be below max 1" in message
-    with pytest.raises(ConfigError, match=r"values \[32, 16\] are out of order.*pass \[16, 32\]"):
-        vertex.validate_search_space({"batch_size": Discrete([32, 16])})  # the fake refuses it, as Vertex does
+    assert "gradient_accumulation_steps: an int field: values must be whole numbers" in message
+    assert "precision: value 'fp8': precision='fp8' is unknown" in message
+    with pytest.raises(ConfigError, match="the search space is empty"):
+        vertex.validate_search_space({})
     vertex.validate_search_space(SPACE)  # the default-style space is fine
 
 
-def test_repeated_discrete_or_categorical_values_are_refused_before_anything_is_sent():
-    with pytest.raises(ConfigError) as err:
-        vertex.validate_search_space({"batch_size": Discrete([16, 16.0, 32]), "precision": Categorical(["fp32", "fp32"]),
-                                      "learning_rate": Discrete([1e-4, 1e-4 + 1e-12])})
-    message = str(err.value)
-    assert "batch_size: values 16.0 repeat: Vertex AI wants distinct values, in increasing order and at least " \
-           "1e-10 apart" in message
-    assert "precision: values ['fp32'] repeat" in message and "learning_rate: values" in message
+def test_a_trial_takes_its_values_as_the_trainer_flags_vertex_passes():
+    """Vertex AI appends `--<parameter id>=<value>` to a trial's args, discrete values as doubles ("16.0")."""
+    from nli_helpers.config import parse_args
 
-
-def test_batch_sizes_must_split_into_the_accumulation_steps():
-    with pytest.raises(ConfigError, match=r"batch_size: value 6: batch_size=6 must be divisible by grad_accum_steps=4"):
-        vertex.validate_search_space({"batch_size": Discrete([6, 8])}, make_config("smoke", grad_accum_steps=4))
+    cfg = parse_args(["--profile=smoke", "--per_device_train_batch_size=16.0", "--learning_rate=3e-05"],
+                     verbose=False)
+    assert (cfg.per_device_train_batch_size, cfg.learning_rate) == (16, 3e-5)
 
 
 def _custom_job(fake, bucket: str, args: list[str]) -> aiplatform.CustomJob:
@@ -87,8 +85,8 @@ def _custom_job(fake, bucket: str, args: list[str]) -> aiplatform.CustomJob:
 
 # -- the tuning job as the fake receives it -------------------------------------------------------------------
 def test_tuning_job_request_body(fake_vertex, gcs_bucket):
-    cfg = make_config("smoke", model_name="tiny-random", tuning_metric="validation_matched_accuracy")
-    searched = ("--learning_rate=", "--weight_decay=", "--warmup_ratio=", "--batch_size=")
+    cfg = make_config("smoke", model_name_or_path=tiny_model(), tuning_metric="validation_matched_accuracy")
+    searched = ("--learning_rate=", "--weight_decay=", "--warmup_ratio=", "--per_device_train_batch_size=")
     args = [a for a in vertex.job_args(cfg) if not a.startswith(searched)] + ["--checkpoint_every_minutes=10"]
     vertex.validate_search_space(SPACE, cfg)
     job = aiplatform.HyperparameterTuningJob(
@@ -110,13 +108,15 @@ def test_tuning_job_request_body(fake_vertex, gcs_bucket):
     assert by_id["learning_rate"]["doubleValueSpec"] == {"minValue": 1e-5, "maxValue": 1e-4}
     assert by_id["learning_rate"]["scaleType"] == 2  # UNIT_LOG_SCALE
     assert by_id["weight_decay"]["doubleValueSpec"] == {"maxValue": 0.1}  # min 0.0: proto3's default, omitted
-    assert by_id["batch_size"]["discreteValueSpec"] == {"values": [16.0, 32.0]}
+    assert by_id["per_device_train_batch_size"]["discreteValueSpec"] == {"values": [16.0, 32.0]}
     spec = body["trialJobSpec"]
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": f"gs://{gcs_bucket}/hp/1"}
     assert (spec["serviceAccount"], spec["tensorboard"]) == (SERVICE_ACCOUNT, TENSORBOARD)
     assert spec["scheduling"]["strategy"] == Scheduling.Strategy.SPOT.value
     (pool,) = spec["workerPoolSpecs"]
-    assert pool["containerSpec"]["imageUri"] == IMAGE and "--model_name=tiny-random" in pool["containerSpec"]["args"]
+    assert pool["containerSpec"]["imageUri"] == IMAGE
+    assert f"--model_name_or_path={tiny_model()}" in pool["containerSpec"]["args"]
+    assert not any(a.startswith(searched) for a in pool["containerSpec"]["args"])  # each trial sets them
     assert "--tuning_metric=validation_matched_accuracy" in pool["containerSpec"]["args"]
     assert not fake_vertex.unknown_requests
     job.cancel()

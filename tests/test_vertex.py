@@ -13,17 +13,15 @@ from urllib.parse import unquote
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage as gcs
 from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
 
 import nli_helpers
 from localcloud import TRAINER_IMAGE
-from nli_helpers import storage, vertex
-from nli_helpers.config import make_config
-from nli_helpers.task import config_from_args
+from nli_helpers import files, vertex
+from nli_helpers.config import make_config, parse_args
 from nli_helpers.vertex import Machine, pricing
-from nli_helpers.vertex.preflight import get_client
 from tests.helpers import error_without_credentials
+from tests.tiny_model import tiny_model
 
 # Fixtures: fake_vertex, fake_vertex_runner, make_fake_vertex, trainer_image_python, sdist_path (shared with
 # test_packaging, as is the trainer image's stand-in under them).
@@ -31,7 +29,7 @@ pytest_plugins = ["tests.fake_vertex"]
 
 PROJECT, REGION = "test-project", "us-central1"
 IMAGE_2_4 = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
-TINY_JOB = {"data": "sample", "model_name": "tiny-random", "max_train_samples": 64, "epochs": 1}
+TINY_JOB = {"data": "sample", "model_name_or_path": tiny_model(), "max_train_samples": 64, "num_train_epochs": 1}
 TENSORBOARD = f"projects/{PROJECT}/locations/{REGION}/tensorboards/123"
 
 
@@ -40,17 +38,30 @@ def _init(fake, bucket: str) -> None:
                        api_endpoint=fake.endpoint)
 
 
+def _exists(uri: str) -> bool:
+    fs, path = files.filesystem(uri)
+    return fs.exists(path)
+
+
+def _package_pools(package_uri: str, image: str = IMAGE_2_4) -> list[dict]:
+    """What the python-package path would submit (the package itself builds none: no prebuilt image runs it)."""
+    return [{"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+             "python_package_spec": {"executor_image_uri": image, "package_uris": [package_uri],
+                                     "python_module": "nli_helpers.vertex.entry",
+                                     "args": vertex.job_args(make_config("smoke", **TINY_JOB))}}]
+
+
 # -- job args, worker pools, tables --------------------------------------------------------------------------
-def test_job_args_rebuild_the_config_without_job_dir_and_resume_after_a_restart():
-    cfg = make_config("smoke", job_dir="gs://somewhere/else", batch_size=16, learning_rate=3e-5,
-                      group_by_length=False, max_train_samples=64)
+def test_job_args_rebuild_the_config_without_output_dir_and_resume_after_a_restart():
+    cfg = make_config("smoke", output_dir="gs://somewhere/else", per_device_train_batch_size=16,
+                      learning_rate=3e-5, group_by_length=False, max_train_samples=64, torch_compile=False)
     args = vertex.job_args(cfg)
-    assert not any(a.startswith(("--job_dir", "--job-dir")) for a in args)
-    assert "--resume=auto" in args  # a replica Vertex restarts runs the same command: it must continue
-    rebuilt = config_from_args(args)  # what `python -m nli_helpers.task ARGS` will run with
-    assert rebuilt.to_dict() == {**cfg.to_dict(), "job_dir": None, "resume": "auto"}
-    named = make_config("smoke", resume="gs://b/run/checkpoints/checkpoint-00000040")
-    assert "--resume=gs://b/run/checkpoints/checkpoint-00000040" in vertex.job_args(named)
+    assert not any(a.startswith(("--output_dir", "--output-dir")) for a in args)
+    assert "--resume_from_checkpoint=auto" in args  # a replica Vertex restarts runs the same command: it continues
+    rebuilt = parse_args(args, verbose=False)  # what `python -m nli_helpers.vertex.entry ARGS` will run with
+    assert rebuilt.to_dict() == {**cfg.to_dict(), "output_dir": None, "resume_from_checkpoint": "auto"}
+    named = make_config("smoke", resume_from_checkpoint="gs://b/run/checkpoints/checkpoint-00000040")
+    assert "--resume_from_checkpoint=gs://b/run/checkpoints/checkpoint-00000040" in vertex.job_args(named)
 
 
 def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
@@ -66,26 +77,24 @@ def test_worker_pools_put_one_chief_first_and_the_other_replicas_in_pool_1():
                                           "nli_helpers.vertex.launch"], "args": ["--", *vertex.job_args(cfg)]}
 
 
-def test_one_process_runs_the_trainer_itself_and_several_go_through_the_launcher():
+def test_one_process_runs_the_image_entry_point_and_several_go_through_the_launcher():
     cfg = make_config("smoke", **TINY_JOB)
-    for machine, module in [(Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1), "nli_helpers.vertex.entry"),
-                            (Machine("n1-standard-4", None, 0), "nli_helpers.vertex.entry"),
-                            (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2), "nli_helpers.vertex.launch"),
-                            (Machine("n1-standard-4", None, 0, replica_count=2), "nli_helpers.vertex.launch")]:
-        (pool, *_) = vertex.python_package_worker_pools(cfg, machine, "gs://b/p.tar.gz", executor_image_uri=IMAGE_2_4)
-        assert pool["python_package_spec"]["python_module"] == module, machine
-        args = pool["python_package_spec"]["args"]
-        assert args == (vertex.job_args(cfg) if module == "nli_helpers.vertex.entry" else ["--", *vertex.job_args(cfg)])
+    for machine in (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1), Machine("n1-standard-4", None, 0)):
+        (pool,) = vertex.container_worker_pools(cfg, machine, "gcr.io/p/trainer:1")
+        assert pool["container_spec"] == {"image_uri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}, machine
+    for machine in (Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2), Machine("n1-standard-4", None, 0, replica_count=2)):
+        (pool, *_) = vertex.container_worker_pools(cfg, machine, "gcr.io/p/trainer:1")
+        assert pool["container_spec"]["command"] == ["python", "-m", "nli_helpers.vertex.launch"], machine
+        assert pool["container_spec"]["args"] == ["--", *vertex.job_args(cfg)]
 
 
-@pytest.mark.parametrize("torch_version, gpu, region, image", [
-    ("2.4.1+cu121", True, "us-central1", "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"),
-    ("2.3.0", True, "europe-west4", "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-3.py310:latest"),
-    ("2.2.2", False, "asia-northeast1", "asia-docker.pkg.dev/vertex-ai/training/pytorch-xla.2-2.py310:latest"),
+@pytest.mark.parametrize("gpu, region, image", [
+    (True, "us-central1", "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"),
+    (True, "europe-west4", "europe-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"),
+    (False, "asia-northeast1", "asia-docker.pkg.dev/vertex-ai/training/pytorch-xla.2-4.py310:latest"),
 ])
-def test_prebuilt_image_matches_the_torch_minor_version(torch_version, gpu, region, image):
-    assert vertex.prebuilt_image_uri(torch_version, gpu=gpu, region=region) == image
-    assert vertex.image_torch_version(image) == vertex.torch_minor(torch_version)
+def test_the_newest_prebuilt_image_comes_from_the_multi_region_nearest_the_job(gpu, region, image):
+    assert vertex.newest_prebuilt_image_uri(gpu=gpu, region=region) == image
 
 
 def test_the_package_torch_floor_is_the_one_transformers_enforces():
@@ -108,14 +117,6 @@ def test_no_prebuilt_image_can_run_the_package_and_each_says_to_use_the_containe
     assert "end of availability on 2026-07-24" in old
     assert "not a prebuilt Vertex AI training image" in vertex.prebuilt_image_problem("gcr.io/p/trainer:1")
     assert "not a prebuilt" in vertex.prebuilt_image_problem(IMAGE_2_4.replace(":latest", ":20240701"))
-
-
-def test_no_prebuilt_image_for_the_pinned_torch_points_to_the_custom_container():
-    pinned = vertex.local_torch_version()  # 2.13 here: newer than any prebuilt PyTorch training image
-    with pytest.raises(vertex.NoPrebuiltImageError, match="custom-container path: build docker/Dockerfile"):
-        vertex.prebuilt_image_uri(pinned)
-    with pytest.raises(vertex.NoPrebuiltImageError):  # the default image lookup of the python-package path
-        vertex.python_package_worker_pools(make_config("smoke"), Machine(), "gs://b/p.tar.gz")
 
 
 @pytest.mark.parametrize("machine, gpu, count, problem", [
@@ -215,15 +216,13 @@ def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     local_data.write_text("{}\n")
     with pytest.raises(vertex.PreflightError) as err:
         vertex.preflight(region=REGION, staging_bucket="gs://no-such-bucket", machine=Machine("a2-highgpu-1g"),
-                         cfg=make_config("smoke", data=str(local_data)), sdist=tmp_path / "missing.tar.gz",
-                         labels={"Team": "NLP"})
+                         cfg=make_config("smoke", data=str(local_data)), image_uri=IMAGE_2_4, labels={"Team": "NLP"})
     message = str(err.value)
     assert "nothing was submitted" in message
     assert "gs://no-such-bucket does not exist: create it in the job's region with `gcloud storage buckets " \
            "create gs://no-such-bucket --location=us-central1`" in message
     assert 'a2-highgpu-1g comes with 1 x NVIDIA_TESLA_A100 attached' in message
-    assert "build it with packaging.build_sdist()" in message
-    assert "no prebuilt Vertex AI PyTorch training image for torch" in message  # torch 2.13 here
+    assert f"{IMAGE_2_4} cannot run this package: its torch 2.4" in message  # no prebuilt image runs it
     assert "is a local path the Vertex worker cannot see" in message
     assert "invalid label(s) Team" in message
 
@@ -241,7 +240,7 @@ def test_a_job_reads_data_from_cloud_storage_and_preflight_checks_the_object_is_
     own = tmp_path / "own pairs.jsonl"
     own.write_text('{"premise": "A dog runs.", "hypothesis": "An animal moves.", "label": "entailment"}\n')
     staged = vertex.stage_data(make_config("smoke", data=str(own)), bucket, tmp_path / "staging")
-    assert staged.data == f"{bucket}/data/own pairs.jsonl" and storage.exists(staged.data)
+    assert staged.data == f"{bucket}/data/own pairs.jsonl" and _exists(staged.data)
     assert _data_check(gcs_bucket, staged).status == "ok"
     # What the job can read already stays as it is: the sample in the image, gs://, a hub name (with a warning).
     for data in ("sample", staged.data, "someone/their-nli-data"):
@@ -269,17 +268,19 @@ def test_preflight_names_zero_replicas_instead_of_crashing(gcs_bucket):
     assert "replica_count=0 must be >= 1" in str(err.value)
 
 
-def test_preflight_fails_a_global_batch_that_does_not_split_over_the_gpus(gcs_bucket):
-    three = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=3)
-    with pytest.raises(vertex.PreflightError, match=r"batch_size=32 \(the global batch\) does not split over 3 "
-                                                    r"process\(es\).*3 training processes"):
-        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=three, cfg=make_config("full"),
-                         image_uri="gcr.io/p/trainer:1", verbose=False)
-    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri="gcr.io/p/trainer:1",
-                              machine=Machine("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8), verbose=False,
-                              cfg=make_config("full", batch_size=256))
-    batch = next(c for c in checks if c.name == "batch")
-    assert batch.status == "warn" and "= 8 process(es) x 32" in batch.message and "reference recipe" in batch.message
+def test_preflight_shows_the_global_batch_and_warns_when_full_leaves_the_recipe(gcs_bucket):
+    def batch(machine, cfg):
+        checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, cfg=cfg,
+                                  image_uri="gcr.io/p/trainer:1", verbose=False, raise_on_failure=False)
+        return next(c for c in checks if c.name == "batch")
+
+    # per_device_train_batch_size is per process: the global batch grows with every GPU of every replica.
+    three = batch(Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=3), make_config("full"))
+    assert three.status == "warn" and "96 pairs per optimizer step = 3 process(es) x 32 x 1" in three.message
+    assert "reference recipe trains at a global batch of 32" in three.message
+    eight = batch(Machine("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8), make_config("full", per_device_train_batch_size=4))
+    assert eight.status == "ok" and eight.message.startswith("32 pairs per optimizer step = 8 process(es) x 4")
+    assert batch(Machine("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8), make_config("smoke")).status == "ok"
 
 
 def test_preflight_fails_a_bucket_outside_the_job_region(gcs_bucket):
@@ -288,32 +289,23 @@ def test_preflight_fails_a_bucket_outside_the_job_region(gcs_bucket):
                          image_uri="gcr.io/p/trainer:1", verbose=False)
 
 
-def test_preflight_refuses_the_newest_prebuilt_image_before_anything_is_created(fake_vertex, gcs_bucket, sdist_path):
+def test_preflight_refuses_the_newest_prebuilt_image_before_anything_is_created(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
+    newest = vertex.newest_prebuilt_image_uri()
     with pytest.raises(vertex.PreflightError) as err:
-        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), sdist=sdist_path,
-                         executor_image_uri=IMAGE_2_4, verbose=False)
-    assert "image/torch: " + IMAGE_2_4 + " cannot run this package: its torch 2.4" in str(err.value)
+        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), image_uri=newest,
+                         verbose=False)
+    assert "image/torch: " + newest + " cannot run this package: its torch 2.4" in str(err.value)
     assert "Use the custom container instead" in str(err.value)
-    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), sdist=sdist_path,
-                              executor_image_uri=IMAGE_2_4, verbose=False, raise_on_failure=False)
-    assert next(c for c in checks if c.name == "package").status == "ok"
     assert fake_vertex.created_bodies == []
 
 
-def test_the_bucket_client_is_cached_per_emulator(gcs_emulator, monkeypatch):
-    client = get_client()
-    assert isinstance(client, gcs.Client)
-    assert get_client() is client
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # another emulator
-    assert get_client() is not client
-    monkeypatch.undo()
-    get_client.cache_clear()
-    assert get_client() is not client
-
-
-def test_the_bucket_client_without_credentials_says_how_to_log_in(tmp_path):
-    shown = error_without_credentials(tmp_path, "from nli_helpers.vertex.preflight import get_client", "get_client()")
+def test_the_bucket_check_without_credentials_says_how_to_log_in(tmp_path):
+    shown = error_without_credentials(
+        tmp_path, "from nli_helpers.vertex import Machine, preflight",
+        "preflight(region='us-central1', staging_bucket='gs://b', machine=Machine(), image_uri='gcr.io/p/t:1', "
+        "verbose=False)")
+    assert "staging bucket: cannot read gs://b: no Google Cloud credentials found" in shown
     assert shown.count("gcloud auth application-default login") == 1
     assert "GOOGLE_APPLICATION_CREDENTIALS" in shown
 
@@ -348,14 +340,11 @@ def test_init_takes_every_setting_it_is_not_given_from_the_environment(fake_vert
 
 
 # -- request bodies as the fake receives them -------------------------------------------------------------------
-def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_path):
+def test_a_job_sends_every_field(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
-    package_uri = vertex.stage_package(sdist_path, f"gs://{gcs_bucket}")
-    assert package_uri.startswith(f"gs://{gcs_bucket}/nli-packages/") and package_uri.endswith(sdist_path.name)
-    assert storage.exists(package_uri)
     cfg = make_config("smoke", **TINY_JOB)
     machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2, replica_count=2)
-    pools = vertex.python_package_worker_pools(cfg, machine, package_uri, executor_image_uri=IMAGE_2_4)
+    pools = vertex.container_worker_pools(cfg, machine, TRAINER_IMAGE)
     base = f"gs://{gcs_bucket}/nli-jobs/run-1"
     job = vertex.submit_custom_job(pools, base_output_dir=base, display_name="nli-smoke-1",
                                    service_account="trainer@test-project.iam.gserviceaccount.com",
@@ -377,13 +366,14 @@ def test_python_package_job_sends_every_field(fake_vertex, gcs_bucket, sdist_pat
     for pool in spec["workerPoolSpecs"]:
         assert pool["machineSpec"] == {"machineType": "n1-standard-8",
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_T4.value, "acceleratorCount": 2}
-        assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package_uri],
-                                             "pythonModule": "nli_helpers.vertex.launch",
-                                             "args": ["--", *vertex.job_args(cfg), budget]}
-    trainer = config_from_args(spec["workerPoolSpecs"][0]["pythonPackageSpec"]["args"][1:])
+        assert pool["containerSpec"] == {"imageUri": TRAINER_IMAGE,
+                                         "command": ["python", "-m", "nli_helpers.vertex.launch"],
+                                         "args": ["--", *vertex.job_args(cfg), budget]}
+    trainer = parse_args(spec["workerPoolSpecs"][0]["containerSpec"]["args"][1:], verbose=False)
     assert trainer.checkpoint_every_minutes == vertex.SPOT_CHECKPOINT_EVERY_MINUTES
-    assert pools[0]["python_package_spec"]["args"] == ["--", *vertex.job_args(cfg)]  # the caller's
-    assert "--max_train_samples=64" in vertex.job_args(cfg) and "--model_name=tiny-random" in vertex.job_args(cfg)
+    assert pools[0]["container_spec"]["args"] == ["--", *vertex.job_args(cfg)]  # the caller's
+    assert "--max_train_samples=64" in vertex.job_args(cfg)
+    assert f"--model_name_or_path={tiny_model()}" in vertex.job_args(cfg)
     assert not fake_vertex.unknown_requests
 
     assert job.state.name == "JOB_STATE_PENDING"  # the queue-only fake never starts it
@@ -406,14 +396,14 @@ def test_spot_pools_keep_a_budget_the_config_chose_and_leave_reducers_alone():
                                           reduction_server=vertex.ReductionServer(1))
     spot = vertex.spot_worker_pools(pools)
     for pool in spot[:2]:  # the chief and the worker run the launcher: `-- ARGS`
-        assert config_from_args(pool["container_spec"]["args"][1:]).checkpoint_every_minutes == \
+        assert parse_args(pool["container_spec"]["args"][1:], verbose=False).checkpoint_every_minutes == \
             vertex.SPOT_CHECKPOINT_EVERY_MINUTES
     assert spot[2] == pools[2] and "args" not in spot[2]["container_spec"]  # Google's reducer image
 
 
 def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
-    cfg = make_config("full", epochs=2)
+    cfg = make_config("full", num_train_epochs=2)
     pools = vertex.container_worker_pools(cfg, Machine("n1-standard-4", None, 0), "gcr.io/p/trainer:1")
     vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/run-2")
     (body,) = fake_vertex.created_bodies
@@ -426,17 +416,17 @@ def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
 
 
 @pytest.mark.parametrize("tensorboard, service_account, problem", [
-    ("my-board", "sa@p.iam.gserviceaccount.com", "not a Vertex AI TensorBoard resource name"),
-    (f"projects/{PROJECT}/locations/{REGION}/tensorboards/7", None, "needs service_account="),
+    ("my-board", "sa@p.iam.gserviceaccount.com", "is not projects/"),
+    (f"projects/{PROJECT}/locations/{REGION}/tensorboards/7", None, "needs a service_account"),
 ])
 def test_a_tensorboard_needs_a_resource_name_and_a_service_account(tensorboard, service_account, problem,
                                                                     fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
     pools = vertex.container_worker_pools(make_config("full"), Machine("n1-standard-4", None, 0), "gcr.io/p/t:1")
-    with pytest.raises(vertex.VertexError, match=problem):
+    with pytest.raises(vertex.VertexError, match=r"Vertex AI refused the job \(400\).*" + problem):
         vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/run-3", tensorboard=tensorboard,
                                  service_account=service_account)
-    assert fake_vertex.created_bodies == []  # refused before anything was sent
+    assert not fake_vertex.jobs  # refused on create (rule 11 of localcloud/rules.py): nothing runs
 
 
 def test_a_refused_job_says_what_vertex_said(fake_vertex, gcs_bucket):
@@ -452,7 +442,7 @@ def test_watch_gives_up_after_its_timeout(fake_vertex, gcs_bucket):
     job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/t:1"),
                                    base_output_dir=f"gs://{gcs_bucket}/run-4")
     with pytest.raises(vertex.VertexError, match="still JOB_STATE_PENDING after 0.3 s; it keeps running"):
-        vertex.watch_job(job, poll_s=0.1, timeout_s=0.3, progress=False)
+        vertex.watch_job(job, poll_s=0.1, timeout_s=0.3)
 
 
 def test_watch_raises_with_the_error_and_logs_link_when_a_job_fails(make_fake_vertex, gcs_bucket):
@@ -461,7 +451,7 @@ def test_watch_raises_with_the_error_and_logs_link_when_a_job_fails(make_fake_ve
     job = vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/nope:1"),
                                    base_output_dir=f"gs://{gcs_bucket}/run-5")
     with pytest.raises(vertex.JobFailedError, match="ended JOB_STATE_FAILED: cannot pull image gcr.io/p/nope:1.*logs:"):
-        vertex.watch_job(job.resource_name, poll_s=0.1, timeout_s=60, progress=False)
+        vertex.watch_job(job.resource_name, poll_s=0.1, timeout_s=60)
     with pytest.raises(vertex.VertexError, match="no metrics.json under .*run-5/model"):
         vertex.fetch_outputs(job, Path("unused"))
 
@@ -469,8 +459,7 @@ def test_watch_raises_with_the_error_and_logs_link_when_a_job_fails(make_fake_ve
 # -- the whole path, run by the fake ----------------------------------------------------------------------------
 def test_the_fake_refuses_an_image_vertex_does_not_publish(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
-    pools = vertex.python_package_worker_pools(make_config("smoke", **TINY_JOB), Machine(), "gs://b/p.tar.gz",
-                                               executor_image_uri="us-central1-docker.pkg.dev/p/r/my-image:1")
+    pools = _package_pools("gs://b/p.tar.gz", "us-central1-docker.pkg.dev/p/r/my-image:1")
     with pytest.raises(vertex.VertexError, match=r"refused the job \(400\).*not a prebuilt training image"):
         vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/unpublished")
 
@@ -480,19 +469,18 @@ def test_a_python_package_job_on_the_newest_prebuilt_image_fails_where_pip_would
     # What preflight prevents, submitted anyway: the fake reads the staged sdist's own ranges against the image.
     fake = make_fake_vertex(run_jobs=True)
     _init(fake, gcs_bucket)
-    package_uri = vertex.stage_package(sdist_path, f"gs://{gcs_bucket}")
-    pools = vertex.python_package_worker_pools(make_config("smoke", **TINY_JOB), Machine(), package_uri,
-                                               executor_image_uri=IMAGE_2_4)
-    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/nli-jobs/prebuilt")
+    package_uri = f"gs://{gcs_bucket}/nli-packages/{sdist_path.name}"
+    files.put(sdist_path, package_uri)
+    job = vertex.submit_custom_job(_package_pools(package_uri), base_output_dir=f"gs://{gcs_bucket}/nli-jobs/prebuilt")
     with pytest.raises(vertex.JobFailedError, match=r"pip would replace the image's torch 2\.4\.1 with the newest "
                                                     r"torch on PyPI that satisfies torch>=2\.6"):
-        vertex.watch_job(job, poll_s=0.2, timeout_s=120, progress=False)
+        vertex.watch_job(job, poll_s=0.2, timeout_s=120)
     assert "the package asks for torch>=2.6" in fake.jobs[job.resource_name].log
 
 
 def test_a_container_job_trains_the_smoke_model_the_image_carries(fake_vertex_runner, gcs_bucket, tmp_path, capsys):
     _init(fake_vertex_runner, gcs_bucket)
-    cfg = make_config("smoke", data="sample", max_train_samples=64, max_eval_samples=64, epochs=1)
+    cfg = make_config("smoke", data="sample", max_train_samples=64, max_eval_samples=64, num_train_epochs=1)
     base = f"gs://{gcs_bucket}/nli-jobs/container"
     vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=Machine(), cfg=cfg,
                      image_uri=TRAINER_IMAGE)
@@ -503,12 +491,12 @@ def test_a_container_job_trains_the_smoke_model_the_image_carries(fake_vertex_ru
     assert "nli-e2e: JOB_STATE_RUNNING" in shown.err + shown.out and "nli-e2e: JOB_STATE_SUCCEEDED" in shown.err + shown.out
     assert not fake_vertex_runner.unknown_requests  # the SDK used only create and get
 
-    # The trainer wrote to AIP_MODEL_DIR (base/model/), since the args carry no --job-dir.
-    written = storage.list_uris(f"{base}/model")
-    assert f"{base}/model/metrics.json" in written and f"{base}/model/model.safetensors" in written
+    # The trainer wrote to AIP_MODEL_DIR (base/model/), since the args carry no --output_dir.
+    assert _exists(f"{base}/model/metrics.json") and _exists(f"{base}/model/model.safetensors")
     metrics = vertex.fetch_outputs(job, tmp_path / "outputs")
     assert metrics["train"]["examples"] == 64 and metrics["parameters"] > 20e6  # MiniLM, from the image
-    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["model_name"] == "minilm-l6"
+    assert (tmp_path / "outputs" / "model.safetensors").is_file()  # the whole folder, not only the metrics
+    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["model_name_or_path"] == "minilm-l6"
     # What Cloud Logging would show: plain lines, one per log interval, no carriage-return bar.
     log = fake_vertex_runner.jobs[job.resource_name].log
     assert "\r" not in log and re.search(r"\[workerpool0-0\] step \d+/\d+ epoch [\d.]+ loss [\d.]+ lr", log), log[-2000:]

@@ -20,14 +20,15 @@ from nli_helpers.config import make_config
 from nli_helpers.vertex import Machine, ReductionServer, launch, pricing
 from nli_helpers.vertex.entry import replica_gpus
 from nli_helpers.vertex.launch import cluster_layout, torchrun_command
+from tests.tiny_model import tiny_model
 
 # Fixtures: fake_vertex, fake_vertex_runner (tests/fake_vertex.py over localcloud/).
 pytest_plugins = ["tests.fake_vertex"]
 
 PROJECT, REGION = "test-project", "us-central1"
-IMAGE_2_4 = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
-TINY_JOB = {"data": "sample", "model_name": "tiny-random", "max_train_samples": 64, "max_eval_samples": 64,
-            "epochs": 1}
+IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:1"
+TINY_JOB = {"data": "sample", "model_name_or_path": tiny_model(), "max_train_samples": 64, "max_eval_samples": 64,
+            "num_train_epochs": 1}
 TWO_L4 = Machine("g2-standard-24", "NVIDIA_L4", 2, replica_count=4)  # 4 nodes x 2 GPUs = 8 processes
 
 
@@ -43,30 +44,27 @@ def _submit(fake, bucket, pools, name="nli-multi"):
 
 
 # -- the three pools, as the fake receives them ---------------------------------------------------------------
-def test_python_package_job_sends_chief_workers_and_reduction_server(fake_vertex, gcs_bucket):
+def test_a_job_sends_chief_workers_and_reduction_server(fake_vertex, gcs_bucket):
     cfg = make_config("smoke", **TINY_JOB)
-    package = f"gs://{gcs_bucket}/nli-packages/abc/nli_helpers-0.1.0.tar.gz"
-    pools = vertex.python_package_worker_pools(cfg, TWO_L4, package, executor_image_uri=IMAGE_2_4,
-                                               reduction_server=ReductionServer(replica_count=3))
+    pools = vertex.container_worker_pools(cfg, TWO_L4, IMAGE, reduction_server=ReductionServer(replica_count=3))
     _, sent = _submit(fake_vertex, gcs_bucket, pools)
 
     assert [p["replicaCount"] for p in sent] == ["1", "3", "3"]  # chief, 3 workers, 3 reducers (int64 as strings)
     for pool in sent[:2]:
         assert pool["machineSpec"] == {"machineType": "g2-standard-24", "acceleratorCount": 2,
                                        "acceleratorType": AcceleratorType.NVIDIA_L4.value}
-        assert pool["pythonPackageSpec"] == {"executorImageUri": IMAGE_2_4, "packageUris": [package],
-                                             "pythonModule": "nli_helpers.vertex.launch",
-                                             "args": ["--", *vertex.job_args(cfg)]}
+        assert pool["containerSpec"] == {"imageUri": IMAGE, "command": ["python", "-m", "nli_helpers.vertex.launch"],
+                                         "args": ["--", *vertex.job_args(cfg)]}
     assert sent[2] == {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": "3",
                        "containerSpec": {"imageUri": "us-docker.pkg.dev/vertex-ai-restricted/training/"
                                                      "reductionserver:latest"}}
-    assert "--max_train_samples=64" in sent[0]["pythonPackageSpec"]["args"]
+    assert "--max_train_samples=64" in sent[0]["containerSpec"]["args"]
     assert not fake_vertex.unknown_requests
 
 
 def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_vertex, gcs_bucket):
-    cfg = make_config("full", epochs=2)
-    image = "us-central1-docker.pkg.dev/test-project/nli/trainer:1"
+    cfg = make_config("full", num_train_epochs=2)
+    image = IMAGE
     pools = vertex.container_worker_pools(cfg, Machine("a2-highgpu-2g", "NVIDIA_TESLA_A100", 2, replica_count=2),
                                           image, reduction_server=ReductionServer(replica_count=1))
     _, sent = _submit(fake_vertex, gcs_bucket, pools)
@@ -82,13 +80,13 @@ def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_v
 
 
 def test_pools_table_shows_each_pool():
-    pools = vertex.python_package_worker_pools(make_config("smoke"), TWO_L4, "gs://b/p.tar.gz",
-                                               executor_image_uri=IMAGE_2_4, reduction_server=ReductionServer(2))
+    pools = vertex.container_worker_pools(make_config("smoke"), TWO_L4, IMAGE, reduction_server=ReductionServer(2))
     rows = vertex.pools_table(pools)
     assert [(r["pool"], r["role"], r["replicas"], r["gpus"]) for r in rows] == [
         ("workerpool0", "chief", 1, "2 x NVIDIA_L4"), ("workerpool1", "workers", 3, "2 x NVIDIA_L4"),
         ("workerpool2", "reduction server", 2, "-")]
-    assert rows[0]["runs"] == "nli_helpers.vertex.launch" and rows[0]["args"].startswith("-- --profile=smoke")
+    assert rows[0]["runs"] == "python -m nli_helpers.vertex.launch" and rows[0]["args"].startswith("-- --profile=smoke")
+    assert rows[0]["image"] == IMAGE
     assert rows[2]["image"] == vertex.REDUCTION_SERVER_IMAGE and rows[2]["machine"] == "n1-highcpu-16"
 
 
@@ -100,8 +98,7 @@ def test_a_reduction_server_needs_workers():
 
 # -- what each replica works out from the CLUSTER_SPEC Vertex gives it ------------------------------------------
 def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gcs_bucket):
-    pools = vertex.python_package_worker_pools(make_config("smoke"), TWO_L4, "gs://b/p.tar.gz",
-                                               executor_image_uri=IMAGE_2_4, reduction_server=ReductionServer(2))
+    pools = vertex.container_worker_pools(make_config("smoke"), TWO_L4, IMAGE, reduction_server=ReductionServer(2))
     job, _ = _submit(fake_vertex, gcs_bucket, pools)
     proto = fake_vertex.jobs[job.resource_name].proto
     names = replica_names(proto)
@@ -213,7 +210,7 @@ def test_two_node_job_trains_through_torchrun_in_the_trainer_image(fake_vertex_r
     job, sent = _submit(fake_vertex_runner, gcs_bucket, pools, name="two-nodes")
     assert [p["replicaCount"] for p in sent] == ["1", "1", "1"]
 
-    assert vertex.watch_job(job, poll_s=0.5, timeout_s=900, progress=False) == "JOB_STATE_SUCCEEDED"
+    assert vertex.watch_job(job, poll_s=0.5, timeout_s=900) == "JOB_STATE_SUCCEEDED"
     log = fake_vertex_runner.jobs[job.resource_name].log
     assert "[workerpool0-0] [launch] chief node 0/2" in log and "[workerpool1-0] [launch] worker node 1/2" in log
     assert "--shutdown-timeout=300" in log  # time for a checkpoint after a SIGTERM, not torch's 30 s

@@ -29,9 +29,10 @@ from nli_helpers.vertex import Machine
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: make_fake_vertex, trainer_image_python
 
 PROJECT, REGION = "test-project", "us-central1"
-# MiniLM on 64 pairs, batches of 8: 16 optimizer steps, a checkpoint every 4 (and at the epoch end).
-JOB = {"data": "sample", "model_name": "minilm-l6", "max_train_samples": 64, "max_eval_samples": 32, "epochs": 2,
-       "batch_size": 8, "learning_rate": 1e-4, "log_every": 2, "checkpoint_every": 4, "precision": "fp32"}
+# MiniLM on 64 pairs, a global batch of 8 (per_device_train_batch_size is per process: 8 // processes): 16
+# optimizer steps, a checkpoint every 4 (and at the epoch end).
+JOB = {"data": "sample", "model_name_or_path": "minilm-l6", "max_train_samples": 64, "max_eval_samples": 32,
+       "num_train_epochs": 2, "learning_rate": 1e-4, "logging_steps": 2, "save_steps": 4, "precision": "fp32"}
 ONE = Machine("n1-standard-4", None, 0)
 TWO = Machine("n1-standard-4", None, 0, replica_count=2)
 
@@ -50,14 +51,15 @@ def run_job(cloud, machine: Machine, name: str, out: Path, interrupt: str | None
     away (`kind`: "spot" or "maintenance") gracefully once the chief has logged step 6, then hard once the
     restarted chief has logged step 12."""
     fake, bucket, image = cloud
-    pools = vertex.container_worker_pools(make_config("smoke", **JOB), machine, image)
+    cfg = make_config("smoke", **JOB, per_device_train_batch_size=8 // machine.processes)
+    pools = vertex.container_worker_pools(cfg, machine, image)
     job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{bucket}/jobs/{name}", display_name=name,
                                    spot=kind == "spot")
     if interrupt:
         for step, hard in ((6, False), (12, True)):
             wait_for_step(fake, job.resource_name, step)  # in the chief's current attempt
             fake.preempt(job.resource_name, interrupt, kind=kind, hard=hard)
-    assert vertex.watch_job(job, poll_s=0.5, timeout_s=600, progress=False) == "JOB_STATE_SUCCEEDED"
+    assert vertex.watch_job(job, poll_s=0.5, timeout_s=600) == "JOB_STATE_SUCCEEDED"
     metrics = vertex.fetch_outputs(job, out / name)
     history = [json.loads(line) for line in (out / name / "history.jsonl").read_text().splitlines()]
     return metrics, history, fake.jobs[job.resource_name]
@@ -103,7 +105,7 @@ def test_a_preempted_single_replica_job_resumes_to_the_same_metrics(cloud, tmp_p
 @pytest.mark.slow
 def test_a_preempted_worker_restarts_the_two_replica_torchrun_job_to_the_same_metrics(cloud, tmp_path):
     uninterrupted = run_job(cloud, TWO, "two", tmp_path)
-    assert uninterrupted[0]["train"]["processes"] == 2
+    assert (uninterrupted[0]["train"]["processes"], uninterrupted[0]["train"]["global_batch"]) == (2, 8)
     body = cloud[0].created_bodies[0]
     assert body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] is True  # the default for several replicas
 
@@ -124,7 +126,7 @@ def test_a_job_short_of_gpu_quota_waits_queued_and_says_why(make_fake_vertex, gc
                                           "us-central1-docker.pkg.dev/p/nli/trainer:1")
     job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/queued", display_name="queued")
     with pytest.raises(vertex.VertexError) as err:
-        vertex.watch_job(job, poll_s=0.1, timeout_s=2, queued_notice_s=0.5, progress=False)
+        vertex.watch_job(job, poll_s=0.1, timeout_s=2, queued_notice_s=0.5)
     shown = capsys.readouterr()
     notice = shown.out + shown.err
     assert "queued: JOB_STATE_QUEUED" in notice

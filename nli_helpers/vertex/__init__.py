@@ -11,12 +11,13 @@ fetch its outputs. The [vertex] extra; the trainer never imports it.
     >>> watch_job(job)              # a line per state; raises JobFailedError with the logs link
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
 
-Every job runs the trainer image docker/Dockerfile builds (`images`): `python -m nli_helpers.task`,
-or `python -m nli_helpers.vertex.launch --` (torchrun) for several processes. `Machine(...,
-replica_count=N)` gives a chief and N-1 workers; `reduction_server=ReductionServer(K)` adds
-Google's reducers. Vertex gives the job AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
-AIP_TENSORBOARD_LOG_DIR under base_output_dir. No prebuilt PyTorch image can run this package
-(`prebuilt_image_problem`), so preflight refuses the python-package path.
+Every job runs the trainer image docker/Dockerfile builds (`images`): `python -m
+nli_helpers.vertex.entry`, or `python -m nli_helpers.vertex.launch --` (torchrun) for several
+processes. `Machine(..., replica_count=N)` gives a chief and N-1 workers;
+`reduction_server=ReductionServer(K)` adds Google's reducers. Vertex gives the job AIP_MODEL_DIR,
+AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under base_output_dir. No prebuilt PyTorch image
+can run this package (`prebuilt_image_problem`, which preflight gives for one), so a job always
+runs the trainer image.
 """
 
 import importlib
@@ -24,40 +25,21 @@ import importlib
 # Names load on first use (PEP 562): the trainer image runs `python -m nli_helpers.vertex.entry`,
 # which needs none of the submission side (google-cloud-aiplatform) that these modules import.
 _MODULES = {
-    ".packaging": (
-        "build_sdist", "stage_package"
-    ),
-    ".pricing": (
-        "estimate_cost", "estimate_job_cost"
-    ),
-    ".errors": (
-        "JobFailedError", "NoPrebuiltImageError", "NotSubmitted", "PreflightError",
-        "VertexError"
-    ),
-    ".images": (
-        "DEFAULT_TORCH_CUDA", "GPU_COMPUTE_CAPABILITY", "PREBUILT_PYTORCH_IMAGES",
-        "TORCH_CUDA_BUILDS", "image_gpu_problem", "image_torch_cuda", "image_torch_version",
-        "local_torch_version", "newest_prebuilt_image_uri", "package_torch_requirement",
-        "prebuilt_image_problem", "prebuilt_image_uri", "prebuilt_images_table",
-        "torch_minor", "trainer_image_build_commands", "trainer_image_uri"
-    ),
-    ".jobs": (
-        "API_ENDPOINT_ENV", "CLOUDS", "VertexSettings", "check_cloud", "confirm_submit",
-        "fetch_outputs", "init_vertex", "logs_url", "queued_help", "submit_custom_job",
-        "watch_job"
-    ),
-    ".pools": (
-        "REDUCTION_SERVER_IMAGE", "REDUCTION_SERVER_MACHINE_TYPE",
-        "SPOT_CHECKPOINT_EVERY_MINUTES", "Machine", "ReductionServer",
-        "container_worker_pools", "job_args", "job_config", "pools_table",
-        "python_package_worker_pools", "reduction_server_image", "spot_worker_pools",
-        "stage_data"
-    ),
-    ".tuning": (
-        "validate_search_space",
-    ),
+    ".errors": "JobFailedError NotSubmitted PreflightError VertexError",
+    ".images": "DEFAULT_TORCH_CUDA GPU_COMPUTE_CAPABILITY PREBUILT_PYTORCH_IMAGES "
+               "TORCH_CUDA_BUILDS image_gpu_problem image_torch_cuda newest_prebuilt_image_uri "
+               "package_torch_requirement prebuilt_image_problem prebuilt_images_table "
+               "trainer_image_build_commands trainer_image_uri",
+    ".jobs": "API_ENDPOINT_ENV CLOUDS VertexSettings check_cloud confirm_submit fetch_outputs "
+             "init_vertex logs_url queued_help submit_custom_job watch_job",
+    ".packaging": "build_sdist",
+    ".pools": "REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE SPOT_CHECKPOINT_EVERY_MINUTES "
+              "Machine ReductionServer container_worker_pools job_args job_config pools_table "
+              "reduction_server_image spot_worker_pools stage_data",
+    ".pricing": "estimate_cost estimate_job_cost",
+    ".tuning": "validate_search_space",
 }
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
 # What the notebooks, README, docs, localcloud and tests call; the rest stays in its module.
 __all__ = sorted([*_WHERE, "bucket_location_check", "preflight"])
 # Bound at once (no aiplatform in it): `preflight` names its module too, and the first import of

@@ -6,7 +6,7 @@ every process under torchrun.
 
 What Vertex AI adds (each name spelled once, in `environment`):
 - the run folder from AIP_MODEL_DIR and checkpoints in AIP_CHECKPOINT_DIR; with that set, a run
-  resumes (`--resume auto`): Vertex AI restarts a replica with the same command;
+  resumes (`--resume_from_checkpoint auto`): Vertex AI restarts a replica with the same command;
 - TensorBoard into AIP_TENSORBOARD_LOG_DIR; in a tuning trial (CLOUD_ML_TRIAL_ID), or with
   `--tuning_metric`, the metric reported through cloudml-hypertune after every evaluation;
 - a replica whose pool asked for GPUs (CLUSTER_SPEC) and sees none stops before loading anything;
@@ -26,7 +26,6 @@ from pathlib import Path
 import hypertune
 import torch
 
-from nli_helpers import storage
 from nli_helpers.config import ConfigError, TrainConfig
 from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError, why_no_cuda
 from nli_helpers.run import RunStopped
@@ -54,38 +53,29 @@ DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainConfig:
     """The flags, with what Vertex AI's environment gives where they left a field unset."""
     check_replica_gpus(cfg, env)
-    changes: dict[str, str] = {}
-    if cfg.job_dir is None and env.get(MODEL_DIR_ENV):
-        changes["job_dir"] = env[MODEL_DIR_ENV]
-    if env.get(CHECKPOINT_DIR_ENV):
-        if cfg.checkpoint_dir is None:
-            changes["checkpoint_dir"] = env[CHECKPOINT_DIR_ENV]
-        if cfg.resume is None:  # a restarted replica must continue, not start over
-            changes["resume"] = "auto"
-            if env.get("RANK", "0") == "0":
-                print(f"{CHECKPOINT_DIR_ENV} is set (Vertex AI): resuming from the newest "
-                      "complete checkpoint in "
-                      f"{changes.get('checkpoint_dir', cfg.checkpoint_dir)}, if any")
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    checkpoints = env.get(CHECKPOINT_DIR_ENV)
+    # With AIP_CHECKPOINT_DIR set, a replica Vertex AI restarts continues instead of starting over.
+    resume = cfg.resume_from_checkpoint or ("auto" if checkpoints else None)
+    cfg = dataclasses.replace(cfg, output_dir=cfg.output_dir or env.get(MODEL_DIR_ENV),
+                              checkpoint_dir=cfg.checkpoint_dir or checkpoints,
+                              resume_from_checkpoint=resume)
+    if checkpoints and resume == "auto" and env.get("RANK", "0") == "0":
+        print(f"{CHECKPOINT_DIR_ENV} is set (Vertex AI): resuming from the newest complete "
+              f"checkpoint in {cfg.checkpoint_dir}, if any")
+    return cfg
 
 
 def replica_gpus(cluster_spec: str | None) -> tuple[str, int] | None:
     """(GPU type, count) this replica's worker pool asked for, None elsewhere. Vertex AI puts the
     job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string)."""
-    if not cluster_spec:
-        return None
     try:
-        parsed = json.loads(cluster_spec)
-        job = (json.loads(parsed["job"]) if isinstance(parsed.get("job"), str)
-               else parsed.get("job") or {})
-        pools = job.get("worker_pool_specs") or job.get("workerPoolSpecs") or []
-        index = int(str(parsed["task"]["type"]).removeprefix("workerpool"))
-        machine = pools[index].get("machine_spec") or pools[index].get("machineSpec") or {}
+        spec = json.loads(cluster_spec or "{}")
+        job = json.loads(spec["job"]) if isinstance(spec["job"], str) else spec["job"]
+        pool = job["worker_pool_specs"][int(spec["task"]["type"].removeprefix("workerpool"))]
+        count = int(pool["machine_spec"].get("accelerator_count") or 0)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
-    count = int(machine.get("accelerator_count") or machine.get("acceleratorCount") or 0)
-    gpu = machine.get("accelerator_type") or machine.get("acceleratorType")
-    return (gpu if isinstance(gpu, str) else "GPU", count) if count else None
+    return (pool["machine_spec"].get("accelerator_type", "GPU"), count) if count else None
 
 
 def check_replica_gpus(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> None:
@@ -105,7 +95,7 @@ def callbacks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> list[Tra
     """TensorBoard where Vertex AI reads it, and a tuning trial's metric report."""
     out: list[TrainCallback] = []
     if env.get(TENSORBOARD_ENV):
-        out.append(TensorBoardCallback(env[TENSORBOARD_ENV], upload=storage.upload))
+        out.append(TensorBoardCallback(env[TENSORBOARD_ENV]))
     if cfg.tuning_metric or env.get(TRIAL_ID_ENV):  # else the legacy tag, else the default
         out.append(HypertuneCallback(cfg.tuning_metric or env.get(METRIC_TAG_ENV)
                                      or DEFAULT_HYPERTUNE_METRIC))
@@ -133,8 +123,6 @@ class HypertuneCallback(TrainCallback):
     which writes it to $CLOUD_ML_HP_METRIC_FILE for Vertex AI tuning to read."""
 
     def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
-
-
         self.metric = metric
         self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
         self.reporter = hypertune.HyperTune()

@@ -17,10 +17,6 @@ class JobFailedError(VertexError):
     """The job ended FAILED, CANCELLED or EXPIRED."""
 
 
-class NoPrebuiltImageError(VertexError):
-    """No prebuilt PyTorch training image matches this torch version."""
-
-
 class NotSubmitted(VertexError):
     """A job that would bill Google Cloud was not submitted: the user has not said yes. In a
     notebook it ends Run All at that cell with its message alone (`_render_traceback_`)."""

@@ -19,7 +19,7 @@ from packaging.specifiers import SpecifierSet
 
 from nli_helpers.config import __version__
 
-from .errors import NoPrebuiltImageError, VertexError
+from .errors import VertexError
 
 # The CUDA builds of the pinned torch (2.13) and the GPU architectures each has kernels for, from
 # RELEASE.md's compatibility and CUDA support matrices; no cu128 after 2.11 (RFC pytorch#178665).
@@ -134,7 +134,7 @@ def trainer_image_build_commands(image_uri: str) -> str:
 
 
 # The prebuilt PyTorch training images, the only ones a python-package job may run on (REST
-# PythonPackageSpec.executorImageUri). 2.4 is the newest; all Python 3.10, only `:latest` supported.
+# PythonPackageSpec.executorImageUri), newest first; all Python 3.10, only `:latest` supported.
 IMAGES_SOURCE = ("https://docs.cloud.google.com/vertex-ai/docs/training/pre-built-containers (now "
                  "also filed under docs.cloud.google.com/gemini-enterprise-agent-platform/"
                  "machine-learning/training/pre-built-containers)")
@@ -158,16 +158,6 @@ PREBUILT_PYTORCH_IMAGES: dict[str, PrebuiltImage] = {image.torch: image for imag
 )}
 
 
-def torch_minor(version: str) -> str:
-    """'2.13.0+cu130' -> '2.13'."""
-    return ".".join(version.split("+")[0].split(".")[:2])
-
-
-def local_torch_version() -> str:
-    """The torch you develop and test with here."""
-    return importlib.metadata.version("torch")
-
-
 def package_torch_requirement() -> SpecifierSet:
     """The torch versions this package accepts, from its installed metadata. The floor is
     transformers 5's: `import_utils.is_torch_available` disables PyTorch below 2.6."""
@@ -188,24 +178,12 @@ def registry_host(region: str) -> str:
     return "us-docker.pkg.dev"
 
 
-def prebuilt_image_uri(torch_version: str, *, gpu: bool = True, region: str = "us-central1") -> str:
-    """The prebuilt PyTorch training image for this torch's major.minor, or NoPrebuiltImageError."""
-    minor = torch_minor(torch_version)
-    if minor not in PREBUILT_PYTORCH_IMAGES:
-        raise NoPrebuiltImageError(
-            f"no prebuilt Vertex AI PyTorch training image for torch {minor} (the table, read "
-            f"{IMAGES_TABLE_DATE} from {IMAGES_SOURCE}, has {', '.join(PREBUILT_PYTORCH_IMAGES)}). "
-            "Use the custom-container path: build docker/Dockerfile (the torch constraints.txt "
-            "pins) and pass image_uri=...")
-    image = PREBUILT_PYTORCH_IMAGES[minor]
-    name = image.gpu_image if gpu else image.cpu_image
-    return f"{registry_host(region)}/vertex-ai/training/{name}:latest"
-
-
 def newest_prebuilt_image_uri(*, gpu: bool = True, region: str = "us-central1") -> str:
-    """The newest prebuilt PyTorch training image (what the python-package path would use)."""
-    newest = max(PREBUILT_PYTORCH_IMAGES, key=lambda v: tuple(map(int, v.split("."))))
-    return prebuilt_image_uri(newest, gpu=gpu, region=region)
+    """The newest prebuilt PyTorch training image (what the python-package path would use), from
+    the multi-region nearest `region`."""
+    newest = next(iter(PREBUILT_PYTORCH_IMAGES.values()))  # the table lists the newest first
+    name = newest.gpu_image if gpu else newest.cpu_image
+    return f"{registry_host(region)}/vertex-ai/training/{name}:latest"
 
 
 def prebuilt_image(image_uri: str) -> PrebuiltImage | None:
@@ -217,12 +195,6 @@ def prebuilt_image(image_uri: str) -> PrebuiltImage | None:
         return None
     return next((img for img in PREBUILT_PYTORCH_IMAGES.values()
                  if name in (img.gpu_image, img.cpu_image)), None)
-
-
-def image_torch_version(image_uri: str) -> str | None:
-    """The torch major.minor of a prebuilt image URI from the table, else None."""
-    image = prebuilt_image(image_uri)
-    return image.torch if image else None
 
 
 def _image_problems(image: PrebuiltImage, today: str | None = None) -> list[str]:

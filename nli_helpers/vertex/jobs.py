@@ -6,7 +6,7 @@
     >>> metrics = fetch_outputs(job, "runs/vertex-run-1")
 
 With NLI_VERTEX_API_ENDPOINT set (the local stand-in of Vertex), `init_vertex` talks to that
-endpoint. google-cloud-aiplatform is imported only when needed: the trainer image lacks it.
+endpoint. google-cloud-aiplatform is imported only when needed: it takes seconds to import.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import TYPE_CHECKING
 from google.api_core import exceptions as api_exceptions
 from google.auth.exceptions import GoogleAuthError
 
-from nli_helpers import storage
-from nli_helpers.storage import CREDENTIALS_HELP
+from nli_helpers import files
+from nli_helpers.files import CREDENTIALS_HELP
 
 from .errors import JobFailedError, NotSubmitted, VertexError
 from .images import trainer_image_uri
@@ -39,16 +38,6 @@ CLOUDS = ("practice", "google")  # where a notebook's jobs go: the local stand-i
 PRACTICE_ENV = ("STORAGE_EMULATOR_HOST", API_ENDPOINT_ENV)
 TERMINAL_STATES = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
                    "JOB_STATE_EXPIRED")
-
-
-def aiplatform_sdk():
-    """The google-cloud-aiplatform module, or one clear error without the [vertex] extra."""
-    try:
-        from google.cloud import aiplatform
-    except ImportError as err:
-        raise VertexError("google-cloud-aiplatform is not installed: "
-                          "pip install 'nli-helpers[vertex]'") from err
-    return aiplatform
 
 
 def check_cloud(cloud: str) -> str:
@@ -115,51 +104,35 @@ def init_vertex(project: str | None = None, region: str = "us-central1",
     if not project:
         raise VertexError("no Google Cloud project: pass project=..., set GOOGLE_CLOUD_PROJECT, or "
                           "run `gcloud config set project PROJECT_ID`")
-    if not staging_bucket or not storage.is_gcs_uri(staging_bucket):
+    if not staging_bucket or not files.is_gcs_uri(staging_bucket):
         raise VertexError(f"staging_bucket={staging_bucket!r}: Vertex needs a gs://BUCKET in the "
                           "job's region to stage packages and keep outputs: pass "
                           "staging_bucket=..., or set NLI_STAGING_BUCKET; create one with `gcloud "
                           f"storage buckets create gs://BUCKET --location={region}`")
+    from google.cloud import aiplatform
+
     # The SDK keeps settings between calls: always pass the endpoint, or a stand-in's would stick.
-    aiplatform_sdk().init(project=project, location=region, staging_bucket=staging_bucket,
-                          credentials=credentials, api_endpoint=api_endpoint,
-                          api_transport=api_transport)
+    aiplatform.init(project=project, location=region, staging_bucket=staging_bucket,
+                    credentials=credentials, api_endpoint=api_endpoint, api_transport=api_transport)
     return VertexSettings(project, region, staging_bucket, api_endpoint,
                           image_uri or trainer_image_uri(project, region))
 
 
 @contextlib.contextmanager
-def api_errors(what: str, service_account: str | None = None):
-    """Turn the Google API errors of creating `what` into one VertexError that says what to do."""
+def api_errors(service_account: str | None = None):
+    """Turn the Google API errors of creating a job into one VertexError that says what to do."""
     try:
         yield
     except GoogleAuthError as err:
         raise VertexError(f"{CREDENTIALS_HELP} ({err})") from err
     except api_exceptions.PermissionDenied as err:
         account = service_account or "the job service account"
-        raise VertexError(f"permission denied creating {what}: grant your account "
+        raise VertexError("permission denied creating the job: grant your account "
                           "roles/aiplatform.user (and iam.serviceAccountUser on "
                           f"{account}): {err.message}") from err
     except api_exceptions.GoogleAPICallError as err:
-        raise VertexError(f"Vertex AI refused {what} ({err.code}): {err.message}. Is the API "
+        raise VertexError(f"Vertex AI refused the job ({err.code}): {err.message}. Is the API "
                           "enabled? gcloud services enable aiplatform.googleapis.com") from err
-
-
-TENSORBOARD_RESOURCE = re.compile(r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+")
-
-
-def check_vertex_tensorboard(tensorboard: str, service_account: str | None) -> None:
-    """Refuse a `tensorboard=` that is no TensorBoard resource name, or comes without a service
-    account: Vertex streams AIP_TENSORBOARD_LOG_DIR as that account
-    (https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training)."""
-    if not TENSORBOARD_RESOURCE.fullmatch(tensorboard):
-        raise VertexError(f"tensorboard={tensorboard!r} is not a Vertex AI TensorBoard resource "
-                          "name: expected projects/PROJECT/locations/REGION/tensorboards/ID "
-                          "(aiplatform.Tensorboard.create(...))")
-    if not service_account:
-        raise VertexError("attaching a Vertex AI TensorBoard needs service_account=...: the job "
-                          "writes its logs as that account (grant it roles/storage.objectAdmin on "
-                          "the bucket and roles/aiplatform.user)")
 
 
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
@@ -172,15 +145,15 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
     `restart_job_on_worker_restart=None` turns it on for several training replicas: torchrun's
     fixed rendezvous cannot take back one restarted node, so all restart and resume from the
     newest checkpoint. `spot=True` runs on Spot VMs and checkpoints every few minutes
-    (`spot_worker_pools`). `tensorboard`: a Vertex AI TensorBoard resource to stream scalars to.
+    (`spot_worker_pools`). `tensorboard`: a Vertex AI TensorBoard resource
+    (projects/P/locations/L/tensorboards/ID) to stream scalars to; it needs `service_account`,
+    as which the job writes them.
     """
-    if tensorboard:
-        check_vertex_tensorboard(tensorboard, service_account)
-    if restart_job_on_worker_restart is None:
-        restart_job_on_worker_restart = training_replicas(worker_pool_specs) > 1
-    aiplatform = aiplatform_sdk()
+    from google.cloud import aiplatform
     from google.cloud.aiplatform.compat.types import custom_job as custom_job_types
 
+    if restart_job_on_worker_restart is None:
+        restart_job_on_worker_restart = training_replicas(worker_pool_specs) > 1
     strategy = custom_job_types.Scheduling.Strategy.SPOT if spot else None
     if spot:
         spot_pools = spot_worker_pools(worker_pool_specs)
@@ -188,7 +161,7 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
             print(f"Spot VMs: the trainer also checkpoints every {SPOT_CHECKPOINT_EVERY_MINUTES} "
                   "minutes (set checkpoint_every_minutes in the config to choose)")
         worker_pool_specs = spot_pools
-    with api_errors("the job", service_account):
+    with api_errors(service_account):
         job = aiplatform.CustomJob(
             display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
             worker_pool_specs=worker_pool_specs, base_output_dir=base_output_dir, labels=labels)
@@ -220,37 +193,34 @@ QUOTAS_HELP = ("Vertex AI keeps a job queued while the project lacks custom-trai
 
 
 def watch_job(job: CustomJob | str, *, poll_s: float = 30.0,
-              timeout_s: float | None = WATCH_TIMEOUT_S, queued_notice_s: float = QUEUED_NOTICE_S,
-              progress: bool = True) -> str:
-    """Poll until the job ends; return its final state, or raise JobFailedError (VertexError on
-    timeout, the job still running). A job queued longer than `queued_notice_s` gets one line
-    saying why (quota) and what to do. `timeout_s=None` waits for ever."""
-    from tqdm.auto import tqdm
-
+              timeout_s: float | None = WATCH_TIMEOUT_S,
+              queued_notice_s: float = QUEUED_NOTICE_S) -> str:
+    """Poll until the job ends, printing a line per state; return its final state, or raise
+    JobFailedError (VertexError on timeout, the job still running). A job queued longer than
+    `queued_notice_s` gets one line saying why (quota) and what to do. `timeout_s=None` waits for
+    ever."""
     if isinstance(job, str):
-        job = aiplatform_sdk().CustomJob.get(job)
-    start, last, queued_since, told = time.monotonic(), None, None, False
-    with tqdm(total=None, bar_format="{desc} [{elapsed}]", disable=not progress) as bar:
-        while True:
-            state = job.state.name  # each read fetches the job again
-            if state != last:
-                bar.write(f"{job.display_name}: {state}")
-                last = state
-                queued_since = time.monotonic() if state == "JOB_STATE_QUEUED" else None
-            bar.set_description_str(f"{job.display_name}: {state}")
-            if state in TERMINAL_STATES:
-                break
-            if (queued_since is not None and not told
-                    and time.monotonic() - queued_since >= queued_notice_s):
-                bar.write(f"{job.display_name} is still queued after "
-                          f"{time.monotonic() - queued_since:.0f} s: " + queued_help(job))
-                told = True
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                why = f" ({queued_help(job)})" if state == "JOB_STATE_QUEUED" else ""
-                raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s"
-                                  f"{why}; it keeps running: watch_job('{job.resource_name}') "
-                                  "again, or cancel it with job.cancel()")
-            time.sleep(poll_s)
+        from google.cloud import aiplatform
+
+        job = aiplatform.CustomJob.get(job)
+    start, last, queued_since = time.monotonic(), None, None
+    while True:
+        state = job.state.name  # each read fetches the job again
+        if state != last:
+            print(f"{job.display_name}: {state}", flush=True)
+            last, queued_since = state, time.monotonic() if state == "JOB_STATE_QUEUED" else None
+        if state in TERMINAL_STATES:
+            break
+        if queued_since is not None and time.monotonic() - queued_since >= queued_notice_s:
+            print(f"{job.display_name} is still queued after "
+                  f"{time.monotonic() - queued_since:.0f} s: {queued_help(job)}", flush=True)
+            queued_since = None  # said once
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            why = f" ({queued_help(job)})" if state == "JOB_STATE_QUEUED" else ""
+            raise VertexError(f"{job.resource_name} is still {state} after {timeout_s:g} s{why}; "
+                              f"it keeps running: watch_job('{job.resource_name}') again, or "
+                              "cancel it with job.cancel()")
+        time.sleep(poll_s)
     if state != "JOB_STATE_SUCCEEDED":
         raise JobFailedError(f"{job.resource_name} ended {state}: "
                              f"{job.error.message or 'no error message'}; logs: {logs_url(job)}")
@@ -276,9 +246,9 @@ def fetch_outputs(job_or_base_output_dir: CustomJob | str, local_dir: str | Path
     base = job_or_base_output_dir
     if not isinstance(base, str):
         base = base.job_spec.base_output_directory.output_uri_prefix
-    model_uri = f"{base.rstrip('/')}/model"
-    if not storage.exists(f"{model_uri}/metrics.json"):
-        raise VertexError(f"no metrics.json under {model_uri}: the job did not finish training; "
+    fs, model = files.filesystem(f"{base.rstrip('/')}/model")
+    if not fs.exists(f"{model}/metrics.json"):
+        raise VertexError(f"no metrics.json under gs://{model}: the job did not finish training; "
                           "see its logs")
-    storage.download(model_uri, local_dir)
+    fs.get(f"{model}/", f"{local_dir}/", recursive=True)
     return json.loads((Path(local_dir) / "metrics.json").read_text())

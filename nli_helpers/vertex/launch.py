@@ -1,6 +1,6 @@
 """Start the trainer on every process of this node through torchrun: Vertex AI's multi-node entry.
 
-    python -m nli_helpers.vertex.launch -- --profile full --epochs 2          # on each replica
+    python -m nli_helpers.vertex.launch -- --profile full                     # on each replica
     python -m nli_helpers.vertex.launch --nproc-per-node 2 -- --profile smoke  # 2 CPU processes
     python -m nli_helpers.vertex.launch --dry-run -- --profile smoke           # print the command
 
@@ -13,7 +13,6 @@ Vertex retries.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shlex
@@ -92,22 +91,14 @@ def processes_per_node() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def torchrun_has_shutdown_timeout() -> bool:
-    """--shutdown-timeout came with pytorch/pytorch#172596, after torch 2.6 (pyproject's floor);
-    an older torchrun always gives its workers 30 s."""
-    from torch.distributed.launcher.api import LaunchConfig
-
-    return "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
-
-
 def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
                      rendezvous_timeout_s: int = 1800, max_restarts: int = 0,
                      shutdown_timeout_s: int | None = None) -> list[str]:
     """The torchrun command for this node: static rendezvous at the chief, whose address Vertex
     gives every replica. Vertex starts replicas minutes apart, so the rendezvous waits 30 minutes
-    (torch's default: 10) instead of failing the job."""
-    shutdown = ([f"--shutdown-timeout={shutdown_timeout_s}"]
-                if shutdown_timeout_s is not None and torchrun_has_shutdown_timeout() else [])
+    (torch's default: 10) instead of failing the job. --shutdown-timeout needs the image's torch
+    (2.13; pytorch/pytorch#172596 came after 2.6)."""
+    shutdown = [f"--shutdown-timeout={shutdown_timeout_s}"] if shutdown_timeout_s else []
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={layout.nnodes}", f"--node-rank={layout.node_rank}",
             f"--nproc-per-node={nproc_per_node}",

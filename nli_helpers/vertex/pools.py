@@ -16,16 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nli_helpers import storage
-from nli_helpers.config import TrainConfig, check_profile, make_config, smoke_real_data
+from nli_helpers import files
+from nli_helpers.config import LABELS, TrainConfig, make_config, smoke_real_data
 from nli_helpers.vertex.pricing import POOL_ROLES
 
 from .errors import VertexError
-from .images import local_torch_version, prebuilt_image_uri, registry_host
-from .launch import ENTRY_MODULE
+from .images import registry_host
 
 LAUNCH_MODULE = "nli_helpers.vertex.launch"  # reads CLUSTER_SPEC, starts torchrun on each replica
-TASK_MODULE = ENTRY_MODULE  # the image's ENTRYPOINT: the trainer command with Vertex AI's side
 # Reducers need network bandwidth, not memory, and a VM's bandwidth grows with its vCPUs. Vertex's
 # distributed-training page: "We recommend that you use the n1-highcpu-16 machine type for
 # Reduction Server nodes", from one of three multi-region copies of the image (us-, europe- and
@@ -98,72 +96,52 @@ def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: An
     """`make_config` for a job: the recipe is this argument, never this machine's hardware. On
     `smoke` the data is `mnli-subset` where this machine has MultiNLI, else the sample the image
     carries, never $NLI_REAL_DATA; `stage_data` then puts local data where the job can read it."""
-    name = check_profile(profile)
-    if name == "smoke" and not overrides.get("data"):
+    if profile == "smoke" and not overrides.get("data"):
         overrides["data"] = smoke_real_data()
-    return make_config(name, verbose=verbose, **overrides)
+    return make_config(profile, verbose=verbose, **overrides)
 
 
 def stage_data(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfig:
     """`cfg` with its data where a Vertex job can read it: a local file or folder, or `mnli-subset`
     written out in `folder` as JSON Lines (the same splits), is uploaded to `bucket`/data/; gs://,
     a hub name and the sample (inside the image) stay as they are."""
-    from nli_helpers.data import MNLI_SUBSET, write_mnli_subset  # lazy: data loads torch
+    from nli_helpers import data  # lazy: data loads torch
 
-    if cfg.data == MNLI_SUBSET:
-        local = write_mnli_subset(Path(folder) / f"{MNLI_SUBSET}.jsonl")
-    elif cfg.data and cfg.data != "sample" and not storage.is_gcs_uri(cfg.data) \
+    if cfg.data == data.MNLI_SUBSET:
+        local = Path(folder) / f"{data.MNLI_SUBSET}.jsonl"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        frame = data.mnli_subset_frame(data.LoadReport(data.MNLI_SUBSET))
+        frame.assign(label=[LABELS[i] for i in frame["label"]]).to_json(
+            local, orient="records", lines=True, force_ascii=False)
+    elif cfg.data and cfg.data != "sample" and not files.is_gcs_uri(cfg.data) \
             and Path(cfg.data).expanduser().exists():
         local = Path(cfg.data).expanduser()
     else:
         return cfg
     uri = f"{bucket.rstrip('/')}/data/{local.name}"
-    storage.upload(local, uri)
+    files.put(local, uri)
     print(f"data: uploaded {cfg.data} ({local.name}) to {uri}, where the job reads it")
     return dataclasses.replace(cfg, data=uri)
 
 
 def job_args(cfg: TrainConfig) -> list[str]:
-    """The trainer's arguments: no --job-dir (the trainer writes to AIP_MODEL_DIR), and
-    --resume=auto unless the config names a checkpoint, because Vertex restarts a replica with
-    the same command after maintenance or preemption and it must continue, not start over."""
-    return dataclasses.replace(cfg, job_dir=None, resume=cfg.resume or "auto").to_cli_args()
-
-
-def python_package_worker_pools(cfg: TrainConfig, machine: Machine, package_uri: str, *,
-                                executor_image_uri: str | None = None, region: str = "us-central1",
-                                reduction_server: ReductionServer | None = None) -> list[dict]:
-    """Worker pools that pip-install the staged sdist on a prebuilt PyTorch image and run the
-    trainer (preflight refuses this path: `images.prebuilt_image_problem`)."""
-    image = executor_image_uri or prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu,
-                                                     region=region)
-    module, args = _entry(cfg, machine)
-    code = {"executor_image_uri": image, "package_uris": [package_uri], "python_module": module,
-            "args": args}
-    return _pools(machine, "python_package_spec", code, reduction_server)
+    """The trainer's arguments: no --output_dir (the trainer writes to AIP_MODEL_DIR), and
+    --resume_from_checkpoint=auto unless the config names a checkpoint, because Vertex restarts a
+    replica with the same command after maintenance or preemption and it must continue."""
+    return dataclasses.replace(cfg, output_dir=None, resume_from_checkpoint=(
+        cfg.resume_from_checkpoint or "auto")).to_cli_args()
 
 
 def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *,
                            reduction_server: ReductionServer | None = None) -> list[dict]:
-    """Worker pools that run the trainer image, whose ENTRYPOINT is `python -m nli_helpers.task`."""
-    module, args = _entry(cfg, machine)
-    code = {"image_uri": image_uri, "args": args}
-    if module == LAUNCH_MODULE:
-        code = {"image_uri": image_uri, "command": ["python", "-m", LAUNCH_MODULE], "args": args}
-    return _pools(machine, "container_spec", code, reduction_server)
-
-
-def _entry(cfg: TrainConfig, machine: Machine) -> tuple[str, list[str]]:
-    # Several processes start through torchrun: Vertex's RANK and WORLD_SIZE count nodes.
+    """Worker pools that run the trainer image: its ENTRYPOINT (`nli_helpers.vertex.entry`) on one
+    process; on several, the torchrun launcher (Vertex's RANK and WORLD_SIZE count nodes)."""
+    code = {"image_uri": image_uri, "args": job_args(cfg)}
     if machine.multi_process:
-        return LAUNCH_MODULE, ["--", *job_args(cfg)]
-    return TASK_MODULE, job_args(cfg)
-
-
-def _pools(machine: Machine, code_key: str, code: dict,
-           reduction_server: ReductionServer | None) -> list[dict]:
+        code = {"image_uri": image_uri, "command": ["python", "-m", LAUNCH_MODULE],
+                "args": ["--", *job_args(cfg)]}
     # Vertex wants exactly one replica in pool 0 (the chief); others go in pool 1, reducers in 2.
-    pool = {"machine_spec": machine.machine_spec(), code_key: code}
+    pool = {"machine_spec": machine.machine_spec(), "container_spec": code}
     pools = [{**pool, "replica_count": 1}]
     if machine.replica_count > 1:
         pools.append({**pool, "replica_count": machine.replica_count - 1})
@@ -181,14 +159,13 @@ def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
     rows = []
     for i, pool in enumerate(worker_pool_specs):
         spec = pool.get("machine_spec", {})
-        code = pool.get("python_package_spec") or pool.get("container_spec", {})
-        runs = (code.get("python_module") or " ".join(code.get("command", []))
-                or "(image entry point)")
+        code = pool.get("container_spec", {})
+        runs = " ".join(code.get("command", [])) or "(image entry point)"
         gpus = (f"{spec['accelerator_count']} x {spec['accelerator_type']}"
                 if spec.get("accelerator_type") else "-")
         rows.append({"pool": f"workerpool{i}", "role": POOL_ROLES[i],
                      "replicas": pool.get("replica_count", 0), "machine": spec.get("machine_type"),
-                     "gpus": gpus, "image": code.get("executor_image_uri") or code.get("image_uri"),
+                     "gpus": gpus, "image": code.get("image_uri"),
                      "runs": runs, "args": " ".join(code.get("args", []))})
     return rows
 
@@ -196,15 +173,14 @@ def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
 def spot_worker_pools(worker_pool_specs: list[dict]) -> list[dict]:
     """A copy of the pools for a Spot job: each training pool running the trainer (its args name
     --profile) also checkpoints every SPOT_CHECKPOINT_EVERY_MINUTES, unless its args set
-    --checkpoint_every_minutes (0 included). Takes snake_case (SDK) and camelCase (REST) pools."""
+    --checkpoint_every_minutes (0 included)."""
     budget = f"--checkpoint_every_minutes={SPOT_CHECKPOINT_EVERY_MINUTES:g}"
     pools = copy.deepcopy(worker_pool_specs)
     for pool in pools[:2]:  # the chief and the workers, not reducers
-        for key in ("container_spec", "python_package_spec", "containerSpec", "pythonPackageSpec"):
-            args = pool.get(key, {}).get("args") or []
-            flags = {a.split("=", 1)[0][2:].replace("-", "_") for a in args if a.startswith("--")}
-            if "profile" in flags and "checkpoint_every_minutes" not in flags:
-                pool[key]["args"] = [*args, budget]
+        args = pool.get("container_spec", {}).get("args") or []
+        flags = {a.split("=", 1)[0][2:].replace("-", "_") for a in args if a.startswith("--")}
+        if "profile" in flags and "checkpoint_every_minutes" not in flags:
+            pool["container_spec"]["args"] = [*args, budget]
     return pools
 
 

@@ -9,31 +9,22 @@ something to read, not a stop.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.api_core import exceptions as api_exceptions
-from google.auth.credentials import AnonymousCredentials
-from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
-from google.cloud import storage as gcs
-
-from nli_helpers import storage
-from nli_helpers.config import ConfigError, NLIError, TrainConfig, batch_line
+from nli_helpers import files
+from nli_helpers.config import TrainConfig
 from nli_helpers.vertex.pricing import accelerator_problem
 
-from .errors import NoPrebuiltImageError, PreflightError
+from .errors import PreflightError
 from .images import (
     DEFAULT_TORCH_CUDA,
     TORCH_CUDA_BUILDS,
     image_gpu_problem,
     image_torch_cuda,
-    local_torch_version,
     prebuilt_image,
     prebuilt_image_problem,
-    prebuilt_image_uri,
     registry_host,
 )
 from .pools import REDUCTION_SERVER_MACHINE_TYPE, Machine, ReductionServer
@@ -55,22 +46,15 @@ class Check:
         return f"{self.status.upper():4} {self.name}: {self.message}"
 
 
-def preflight(*, region: str, staging_bucket: str, machine: Machine, cfg: TrainConfig | None = None,
-              sdist: str | Path | None = None, executor_image_uri: str | None = None,
-              image_uri: str | None = None, labels: dict[str, str] | None = None,
+def preflight(*, region: str, staging_bucket: str, machine: Machine, image_uri: str,
+              cfg: TrainConfig | None = None, labels: dict[str, str] | None = None,
               reduction_server: ReductionServer | None = None, raise_on_failure: bool = True,
               verbose: bool = True) -> list[Check]:
-    """Check a job before it costs money: pass `image_uri` for the trainer image (or `sdist` for
-    the python-package path)."""
-    checks = [_check_bucket(staging_bucket, region), _check_machine(machine)]
+    """Check a job of the trainer image `image_uri` before it costs money."""
+    checks = [_check_bucket(staging_bucket, region), _check_machine(machine),
+              _check_image(image_uri, region, machine)]
     if reduction_server is not None:
-        checks.append(_check_reduction_server(reduction_server, machine,
-                                              custom_container=bool(image_uri)))
-    if image_uri:
-        checks.append(_check_container_image(image_uri, region, machine))
-    else:
-        checks.append(_check_sdist(sdist))
-        checks.append(_check_prebuilt_image(executor_image_uri, machine, region))
+        checks.append(_check_reduction_server(reduction_server, machine))
     if cfg is not None:
         checks.append(_check_data(cfg))
         checks.append(_check_batch(cfg, machine))
@@ -98,37 +82,18 @@ def bucket_location_check(location: str, region: str) -> Check:
     return Check(name, "fail", f"the bucket is in {loc} but the job runs in {region}: {create}")
 
 
-def get_client() -> gcs.Client:
-    """A google-cloud-storage client, for the bucket metadata gcsfs does not give (its location).
-    Cached per emulator host; `get_client.cache_clear()` forgets it (localcloud does)."""
-    return _client(os.environ.get("STORAGE_EMULATOR_HOST") or None)
-
-
-@functools.lru_cache(maxsize=4)
-def _client(emulator_host: str | None) -> gcs.Client:
-    if emulator_host:  # the client reads STORAGE_EMULATOR_HOST itself
-        project = os.environ.get("GOOGLE_CLOUD_PROJECT", "local-test")
-        return gcs.Client(project=project, credentials=AnonymousCredentials())
-    try:
-        return gcs.Client()
-    except DefaultCredentialsError as err:
-        raise storage.StorageError(storage.CREDENTIALS_HELP) from err
-
-
-get_client.cache_clear = _client.cache_clear  # type: ignore[attr-defined]
-
-
 def _check_bucket(staging_bucket: str, region: str) -> Check:
-    bucket_name, _ = storage.split_gcs_uri(staging_bucket)
+    bucket_name = staging_bucket.removeprefix("gs://").split("/")[0]
     try:
-        bucket = get_client().lookup_bucket(bucket_name)
-    except (NLIError, api_exceptions.GoogleAPIError, GoogleAuthError) as err:
-        return Check("staging bucket", "fail", f"cannot read gs://{bucket_name}: {err}")
-    if bucket is None:
+        fs, _ = files.filesystem(f"gs://{bucket_name}")
+        bucket = fs.info(bucket_name)  # the bucket's metadata, its location included
+    except FileNotFoundError:
         return Check("staging bucket", "fail", f"gs://{bucket_name} does not exist: create it in "
                      f"the job's region with `gcloud storage buckets create gs://{bucket_name} "
                      f"--location={region}`")
-    where = bucket_location_check(bucket.location or "", region)
+    except Exception as err:  # NLIError without credentials; gcsfs's HttpError, a refused bucket
+        return Check("staging bucket", "fail", f"cannot read gs://{bucket_name}: {err}")
+    where = bucket_location_check(bucket.get("location", ""), region)
     return dataclasses.replace(where, name="staging bucket",
                                message=f"gs://{bucket_name}: {where.message}")
 
@@ -144,8 +109,7 @@ def _check_machine(machine: Machine) -> Check:
                  problem or f"{machine.machine_type}{gpus} x {machine.replica_count} replica(s)")
 
 
-def _check_reduction_server(server: ReductionServer, machine: Machine, *,
-                            custom_container: bool) -> Check:
+def _check_reduction_server(server: ReductionServer, machine: Machine) -> Check:
     name = "reduction server"
     if not machine.has_gpu:
         return Check(name, "fail", "Reduction Server speeds up NCCL all-reduce between GPU nodes, "
@@ -161,34 +125,10 @@ def _check_reduction_server(server: ReductionServer, machine: Machine, *,
         return Check(name, "fail", "reducers run on CPU machines without GPUs "
                      f"({REDUCTION_SERVER_MACHINE_TYPE} is the usual choice), at least one "
                      f"replica: {problem}")
-    summary = f"{server.replica_count} x {server.machine_type} running {server.image_uri}"
-    if custom_container:
-        return Check(name, "ok", f"{summary}; the training image must carry Google's NCCL plugin "
-                     "(the google-reduction-server package): docker/Dockerfile installs it, an "
-                     "image of your own must too, or NCCL ignores the reducers")
-    return Check(name, "ok", summary)
-
-
-def _check_sdist(sdist: str | Path | None) -> Check:
-    if sdist is None or not Path(sdist).is_file() or not str(sdist).endswith(".tar.gz"):
-        return Check("package", "fail",
-                     f"no built sdist at {sdist}: build it with packaging.build_sdist()")
-    return Check("package", "ok", f"{Path(sdist).name} ({Path(sdist).stat().st_size / 1e3:.0f} kB)")
-
-
-def _check_prebuilt_image(executor_image_uri: str | None, machine: Machine, region: str) -> Check:
-    if executor_image_uri is None:
-        try:
-            executor_image_uri = prebuilt_image_uri(local_torch_version(), gpu=machine.has_gpu,
-                                                    region=region)
-        except NoPrebuiltImageError as err:
-            return Check("image/torch", "fail", str(err))
-    problem = prebuilt_image_problem(executor_image_uri)
-    if problem:
-        return Check("image/torch", "fail", problem)
-    image = prebuilt_image(executor_image_uri)
-    return Check("image/torch", "ok",
-                 f"{executor_image_uri}: torch {image.torch}, Python {image.python}")
+    return Check(name, "ok", f"{server.replica_count} x {server.machine_type} running "
+                 f"{server.image_uri}; the training image must carry Google's NCCL plugin (the "
+                 "google-reduction-server package): docker/Dockerfile installs it, an image of "
+                 "your own must too, or NCCL ignores the reducers")
 
 
 def registry_location(image_uri: str) -> str | None:
@@ -197,11 +137,13 @@ def registry_location(image_uri: str) -> str | None:
     return host.removesuffix("-docker.pkg.dev") if host.endswith("-docker.pkg.dev") else None
 
 
-def _check_container_image(image_uri: str, region: str, machine: Machine) -> Check:
+def _check_image(image_uri: str, region: str, machine: Machine) -> Check:
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
         return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: "
                      "expected REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG "
                      "(vertex.trainer_image_uri)")
+    if prebuilt_image(image_uri) and (problem := prebuilt_image_problem(image_uri)):
+        return Check("image/torch", "fail", problem)  # no prebuilt image runs this package
     cuda = image_torch_cuda(image_uri)
     problem = image_gpu_problem(machine.accelerator_type, cuda or DEFAULT_TORCH_CUDA)
     if problem:
@@ -232,10 +174,11 @@ def _check_data(cfg: TrainConfig) -> Check:
     data, stage = cfg.data, "vertex.stage_data(cfg, 'gs://BUCKET', folder) uploads it"
     if not data or data == "sample":
         return Check("data", "ok", f"data={data or 'the profile default'}: in the trainer image")
-    if storage.is_gcs_uri(data):
+    if files.is_gcs_uri(data):
         try:
-            found = storage.exists(data)
-        except NLIError as err:
+            fs, path = files.filesystem(data)
+            found = fs.exists(path)
+        except Exception as err:  # NLIError without credentials; gcsfs's HttpError, a refusal
             return Check("data", "fail", f"data={data}: {err}")
         if not found:
             return Check("data", "fail", f"data={data} does not exist: upload the data first "
@@ -252,15 +195,19 @@ def _check_data(cfg: TrainConfig) -> Check:
                  f"{stage} and passes the gs:// URI (or use data='sample')")
 
 
+RECIPE_GLOBAL_BATCH = 32  # the full profile's batch, for which its learning rate was tuned
+
+
 def _check_batch(cfg: TrainConfig, machine: Machine) -> Check:
-    if machine.processes < 1:  # the machine check names the replica count
-        return Check("batch", "fail", "no training process to split the batch over")
-    try:
-        line = batch_line(cfg, machine.processes)
-        return Check("batch", "warn" if "warning:" in line else "ok", line.replace("\n", "; "))
-    except ConfigError as err:
-        return Check("batch", "fail", f"{err} (the job has {machine.processes} training "
-                     "processes: one per GPU of every replica)")
+    """The global batch grows with the processes: one per GPU of every replica."""
+    size = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * machine.processes
+    line = (f"{size} pairs per optimizer step = {machine.processes} process(es) x "
+            f"{cfg.per_device_train_batch_size} x {cfg.gradient_accumulation_steps} accumulation")
+    if cfg.profile == "full" and size != RECIPE_GLOBAL_BATCH:
+        return Check("batch", "warn", f"{line}: the reference recipe trains at a global batch of "
+                     f"{RECIPE_GLOBAL_BATCH} (lr 2e-5 was tuned for it); set "
+                     "per_device_train_batch_size or retune learning_rate")
+    return Check("batch", "ok", line)
 
 
 def _check_labels(labels: dict[str, str]) -> Check:
