@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
             self.exit(2, f"error: {message} (python -m nli_helpers.task --help lists every "
                       "option)\n")
 
-    parser = Parser(TrainConfig, prog="python -m nli_helpers.task",
+    parser = Parser(TrainConfig, prog="python -m nli_helpers.task", allow_abbrev=False,
                     description="Fine-tune a transformer on NLI (MultiNLI), locally or on Vertex "
                     "AI. Flags override --config, which overrides the profile.")
     for action in parser._actions:
