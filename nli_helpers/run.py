@@ -142,12 +142,12 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
 
 
 def stopped_error(stopped: Stopped, stop: StopRequest, cfg: TrainConfig) -> RunStopped:
-    how = (f"checkpoint saved to {stopped.checkpoint}{stop.since()}. Rerun with "
+    how = (f"; checkpoint saved to {stopped.checkpoint}{stop.since()}. Rerun with "
            "--resume_from_checkpoint auto to continue" if stopped.checkpoint else
-           f"no checkpoint to resume from{stop.since()} (--save_total_limit "
+           f"{stop.since()}, with no checkpoint to resume from (--save_total_limit "
            f"{cfg.save_total_limit}): a restart would start from step 0. Keep checkpoints (the "
            "default, 2) to make a stopped run resumable")
-    return RunStopped(f"stopped by SIGTERM after step {stopped.step}; {how}", stopped.step,
+    return RunStopped(f"stopped by SIGTERM after step {stopped.step}{how}", stopped.step,
                       stopped.checkpoint)
 
 
