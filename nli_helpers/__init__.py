@@ -7,17 +7,16 @@ The modules, in layers (a module imports only those below it; `make lint` checks
                         image's ENTRYPOINT; `launch`, torchrun on a cluster) and submitting jobs
     task                the command: flags and --config into a TrainConfig, then a run
     run                 one run: load, train, evaluate, save (local or gs://)
-    tracking            TensorBoard
+    tracking,           TensorBoard; what the notebooks share (run folders, scores as a table,
+    notebook_runs       `predict` through transformers' pipeline)
     train               the loop, evaluation, scores and log; `should_stop` and callbacks
-    checkpoint, model,  exact resume; loading and predicting; the pieces of a step (loader,
+    checkpoint, model,  exact resume; loading the model; the pieces of a step (loader,
     step                inputs as the model takes them, optimizer, torch.compile)
     data, distributed   a file to length-grouped, padded batches (normalise, split by premise,
                         tokenise with a cache); ranks, devices, precision
     tables, files       one reader per file format; local paths and gs:// through fsspec
     config              TrainConfig under Hugging Face's names, the profiles, errors
     mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
-
-Beside the trainer: `notebook_runs` (what the notebooks share).
 
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
@@ -28,7 +27,7 @@ __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config
            "predict", "load_nli_splits"]
 
 
-_LAZY = {"run_training": "run", "predict": "model", "load_nli_splits": "data"}
+_LAZY = {"run_training": "run", "predict": "notebook_runs", "load_nli_splits": "data"}
 
 
 def __getattr__(name: str):

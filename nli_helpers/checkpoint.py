@@ -35,7 +35,7 @@ STATE, MANIFEST = "training_state.pt", "manifest.json"
 RESUME_CRITICAL = ("model_name_or_path", "data", "num_train_epochs",
                    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                    "weight_decay", "warmup_ratio", "max_seq_length", "seed", "group_by_length",
-                   "fraction_of_train_data", "max_train_samples", "eval_fraction")
+                   "max_train_samples", "eval_fraction")
 # The loop's position, saved and restored as plain values (train.LoopState's fields).
 PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")

@@ -27,8 +27,7 @@ from tokenizers import Tokenizer
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from . import files, mnli
-from .config import ConfigError
+from . import files
 from .config import cache_dir as package_cache_dir
 from .tables import (
     SUFFIXES,
@@ -140,8 +139,8 @@ def _held_out(frames: Frames, source: str, eval_fraction: float, seed: int) -> F
 
 
 def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed: int = 42,
-                    fraction_of_train_data: float = 1.0, max_train_samples: int | None = None,
-                    max_eval_samples: int | None = None) -> NLISplits:
+                    max_train_samples: int | None = None, max_eval_samples: int | None = None
+                    ) -> NLISplits:
     """Load `source` into train / validation_matched (/ validation_mismatched) splits; what was
     dropped is in `splits.report`. Sources: `sample` (bundled), `mnli-subset`, a jsonl/json/csv/
     tsv/parquet file (.gz too), a folder of `train.*`, `validation_matched.*` (`dev_matched.*`)
@@ -150,8 +149,7 @@ def load_nli_splits(source: str = "sample", *, eval_fraction: float = 0.1, seed:
     frames = _held_out(_load_frames(str(source), report), str(source), eval_fraction, seed)
     splits = DatasetDict({name: Dataset.from_pandas(df, preserve_index=False)
                           for name, df in frames.items()})
-    splits = NLISplits(subsample(splits, fraction_of_train_data, max_train_samples,
-                                 max_eval_samples, seed))
+    splits = NLISplits(subsample(splits, max_train_samples, max_eval_samples, seed))
     if len(splits["train"].unique("label")) < 2:  # it would learn that label, and score 1.000
         raise DataError(f"the {len(splits['train'])} training pairs of {source} (after any "
                         "--max_train_samples) have one label: a classifier needs two or more to "
@@ -205,6 +203,7 @@ def split_files(fs, folder: str, source: str) -> dict[str, str]:
 
 def mnli_subset_frame(report: LoadReport) -> pd.DataFrame:
     """The subset rule's pairs of MultiNLI dev_matched, from wherever `mnli` finds it."""
+    from . import mnli  # only this source looks for MultiNLI on the machine
     try:
         found = mnli.find_dev_matched()
     except mnli.NotFound as e:
@@ -216,9 +215,6 @@ def mnli_subset_frame(report: LoadReport) -> pd.DataFrame:
 
 
 def _load_hub(name: str, report: LoadReport) -> Frames:
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
-        raise DataError(f"--data {name!r} is neither an existing file or folder, a gs:// URI nor "
-                        "a hub name")
     try:
         raw = load_dataset(name)
     except Exception as e:  # the hub raises many types; all mean "could not load this name"
@@ -232,13 +228,12 @@ def _load_hub(name: str, report: LoadReport) -> Frames:
     return frames
 
 
-def subsample(splits: DatasetDict, fraction: float, max_train: int | None, max_eval: int | None,
+def subsample(splits: DatasetDict, max_train: int | None, max_eval: int | None,
               seed: int) -> DatasetDict:
-    """Seeded random subsets for quick runs: a fraction and/or a cap on train, a cap on eval."""
+    """Seeded random subsets for quick runs: a cap on train, a cap on each evaluation split."""
     out = {}
     for name, ds in splits.items():
-        n = min(max(1, int(len(ds) * fraction)), max_train or len(ds)) if name == "train" \
-            else min(len(ds), max_eval or len(ds))
+        n = min(len(ds), (max_train if name == "train" else max_eval) or len(ds))
         out[name] = ds if n == len(ds) else ds.shuffle(seed=seed).select(range(n))
     return DatasetDict(out)
 
@@ -286,10 +281,6 @@ def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one "
                         "(AutoTokenizer's default)")
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and limit < 1_000_000 and max_length > limit:
-        raise ConfigError(f"max_seq_length={max_length} is more than this model takes ({limit} "
-                          f"tokens); use --max_seq_length {limit} or less")
     cap = CHARS_PER_TOKEN_CAP * max_length
 
     def encode(batch):

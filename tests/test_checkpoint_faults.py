@@ -119,11 +119,9 @@ def test_a_failed_checkpoint_write_is_one_error_with_the_path_and_the_os_reason(
 
 # -- the run's own folder ----------------------------------------------------------------------------------------
 def test_a_second_run_into_a_live_run_s_output_dir_gets_one_clear_error_at_once(tmp_path):
-    import filelock
+    from nli_helpers.run import run_lock, run_training
 
-    from nli_helpers.run import run_training
-
-    held = filelock.FileLock(str(tmp_path / ".nli-run.lock"))
+    held = run_lock(str(tmp_path))
     held.acquire()  # the live run
     try:
         with pytest.raises(NLIError, match=f"another run is writing to {tmp_path}"):

@@ -196,7 +196,6 @@ FLAGS = {  # flag -> (sane values, hostile values: edges and nonsense)
     "--max_train_samples": ([16, 48, 2, 5], [0, 1, -1]),
     "--max_eval_samples": ([8, 1], [0, -1]),
     "--eval_fraction": ([0.2, 0.5], [0, 1, 1.5, -0.1, "nan"]),
-    "--fraction_of_train_data": ([0.5, 1], [0, 2, -1]),
     "--gradient_accumulation_steps": ([1, 2, 3], [0, -1]),
     "--warmup_ratio": ([0, 0.1, 1], [2, -0.5]),
     "--weight_decay": ([0, 0.1], [-1, "inf"]),

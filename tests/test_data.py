@@ -170,9 +170,9 @@ def test_bundled_sample_has_three_balanced_splits(sample_splits):
     assert counts.min() == counts.max()  # three hypotheses per premise, one of each label
 
 
-def test_fraction_and_caps(sample_splits):
-    small = load_nli_splits("sample", fraction_of_train_data=0.5, max_eval_samples=10)
-    assert len(small["train"]) == len(sample_splits["train"]) // 2
+def test_caps(sample_splits):
+    small = load_nli_splits("sample", max_eval_samples=10)
+    assert len(small["train"]) == len(sample_splits["train"])
     assert len(small["validation_matched"]) == 10
     assert len(load_nli_splits("sample", max_train_samples=7)["train"]) == 7
 

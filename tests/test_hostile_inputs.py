@@ -272,12 +272,13 @@ def test_a_pair_of_huge_texts_does_not_exhaust_memory(tmp_path):
     assert "[64, 5]" in proc.stdout
 
 
-def test_max_length_beyond_the_model_is_a_config_error(sample_splits, tiny_model_dir):
-    from transformers import AutoTokenizer
+def test_max_length_beyond_the_model_is_a_config_error(tiny_model_dir):
+    from nli_helpers.model import check_model_fits
 
-    with pytest.raises(ConfigError, match="max_seq_length=1024 is more than this model takes .512 tokens.; use "
-                                          "--max_seq_length 512 or less"):
-        tokenize_splits(sample_splits, AutoTokenizer.from_pretrained(tiny_model_dir), max_length=1024)
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)  # 512 positions, as its tokenizer says
+    with pytest.raises(ConfigError, match=r"--max_seq_length 1024 is more than model tiny has positions for "
+                                          r"\(512\); use --max_seq_length 512 or less"):
+        check_model_fits(model, tokenizer, 1024, "tiny")
 
 
 def test_a_20000_token_premise_trains_through_the_command(tmp_path):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from nli_helpers import distributed, vertex
+from nli_helpers import vertex
 from nli_helpers.config import make_config
-from nli_helpers.vertex import Machine, pricing
+from nli_helpers.vertex import Machine, entry, pricing
 
 pytest_plugins = ["tests.fake_vertex"]
 
@@ -77,7 +77,7 @@ def test_preflight_passes_the_default_image_on_an_l4_and_warns_what_it_cannot_kn
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"], (12, 1), True),  # PTX
 ])
 def test_the_trainer_refuses_a_gpu_its_torch_has_no_kernels_for(arch_list, capability, runs):
-    problem = distributed.gpu_kernel_problem(arch_list, capability)
+    problem = entry.gpu_kernel_problem(arch_list, capability)
     assert (problem is None) == runs
     if not runs:
         assert f"the GPU is compute capability {capability[0]}.{capability[1]}" in problem

@@ -25,7 +25,7 @@ def test_missing_class_does_not_crash_and_counts_zero():
 
 
 def test_length_mismatch_is_an_error():
-    with pytest.raises(ValueError, match="differ in length"):
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         classification_scores([0, 1], [0])
 
 

@@ -7,14 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nli_helpers.model import (
-    LABEL2ID,
-    PROB_COLUMNS,
-    ModelError,
-    load_model_and_tokenizer,
-    predict,
-    resolve_model_path,
-)
+from nli_helpers.model import LABEL2ID, ModelError, load_model_and_tokenizer, resolve_model_path
+from nli_helpers.notebook_runs import PROB_COLUMNS, predict
 
 
 def test_tiny_model_has_our_label_maps(tiny_model_dir):

@@ -46,7 +46,7 @@ def test_help_answers_before_torch_loads():
 @pytest.mark.parametrize("args, message", [
     (["--learning_rate", "0"], "learning_rate=0.0 must be > 0"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be a positive integer"),
-    (["--fraction_of_train_data", "1.5"], "must be a fraction in (0, 1]"),
+    (["--eval_fraction", "1.5"], "must be a fraction in (0, 1]"),
     (["--data", "no/such/file.jsonl"], "data file no/such/file.jsonl does not exist"),
     (["--model_name_or_path", "./no-such-model"], "could not load model './no-such-model'"),
     (["--model_name_or_path", "not-a-real-org/not-a-model"], "nor reachable on the Hugging Face hub"),

@@ -12,7 +12,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from nli_helpers.checkpoint import latest_checkpoint, load_checkpoint
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.distributed import resolve_precision
-from nli_helpers.model import load_model_and_tokenizer, predict
+from nli_helpers.model import load_model_and_tokenizer
+from nli_helpers.notebook_runs import predict
 from nli_helpers.run import run_training
 from nli_helpers.train import TrainCallback
 from tests.tiny_model import tiny_model

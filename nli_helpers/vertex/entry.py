@@ -27,7 +27,7 @@ import hypertune
 import torch
 
 from nli_helpers.config import ConfigError, TrainConfig
-from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError, why_no_cuda
+from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
 from nli_helpers.run import RunStopped
 from nli_helpers.task import Platform, command
 from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
@@ -79,15 +79,50 @@ def replica_gpus(cluster_spec: str | None) -> tuple[str, int] | None:
 
 
 def check_replica_gpus(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> None:
-    """A replica that asked for GPUs and sees none would train on the CPU at the GPU's price."""
+    """A replica that asked for GPUs and sees none would train on the CPU at the GPU's price; one
+    whose torch has no kernels for its GPU would fail at the first step, after the data loaded."""
+    if cfg.allow_cpu or env.get(ALLOW_CPU_ENV) == "1":
+        return
+    if torch.cuda.is_available():
+        problem = gpu_kernel_problem(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
+        if problem:
+            raise NoGPUError(problem)
+        return
     asked = replica_gpus(env.get(CLUSTER_SPEC_ENV))
-    if (not asked or cfg.allow_cpu or env.get(ALLOW_CPU_ENV) == "1"
-            or torch.cuda.is_available()):
+    if not asked:
         return
     raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees "
                      f"no CUDA GPU: {why_no_cuda()}. The job would train on the CPU at the GPU's "
                      "price: fix the image (docker/README.md) or the accelerator spec, or pass "
                      "--allow-cpu to run on the CPU anyway")
+
+
+def why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return f"this torch is a CPU-only build ({torch.__version__})"
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: "
+                "docker run --gpus all)")
+    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA "
+            f"{torch.version.cuda} needs, or not on LD_LIBRARY_PATH (Vertex mounts it under "
+            "/usr/local/nvidia/lib64)? nvidia-smi shows the driver")
+
+
+def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
+    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is
+    torch.cuda.get_arch_list(): a cubin for X.y runs on X.z, z >= y; PTX on any newer GPU."""
+    def version(arch: str, prefix: str) -> tuple[int, int] | None:
+        digits = arch.removeprefix(prefix)
+        return (int(digits[:-1]), int(digits[-1])) if arch.startswith(prefix) and \
+            digits.isdigit() else None
+
+    if any((v := version(a, "sm_")) and v[0] == capability[0] and v[1] <= capability[1]
+           or (v := version(a, "compute_")) and v <= capability for a in arch_list):
+        return None
+    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
+            f"{', '.join(arch_list)} but the GPU is compute capability "
+            f"{capability[0]}.{capability[1]}: install a torch CUDA build that covers it "
+            "(docker/README.md, the table of builds)")
 
 
 # -- during the run: Vertex AI's observers ---------------------------------------------------------
