@@ -19,13 +19,33 @@ def test_scores_match_a_hand_computed_example():
                               "c": {"accuracy": 0.5, "n": 2}}
 
 
+def test_scores_are_scikit_learn_s_on_random_labels():
+    import numpy as np
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 500):
+        labels, preds = rng.integers(0, 3, n), rng.integers(0, 3, n)
+        preds[preds == 1] = 2  # neutral never predicted: sklearn's zero_division=0 case
+        s = classification_scores(labels, preds)
+        precision, recall, f1, support = precision_recall_fscore_support(labels, preds, labels=[0, 1, 2],
+                                                                         zero_division=0)
+        assert s["confusion_matrix"] == confusion_matrix(labels, preds, labels=[0, 1, 2]).tolist()
+        assert s["macro_f1"] == pytest.approx(f1.mean())
+        assert [s["per_class"][c]["precision"] for c in ("entailment", "neutral", "contradiction")] == \
+            pytest.approx(precision)
+        assert [s["per_class"][c]["recall"] for c in ("entailment", "neutral", "contradiction")] == \
+            pytest.approx(recall)
+        assert [s["per_class"][c]["support"] for c in ("entailment", "neutral", "contradiction")] == list(support)
+
+
 def test_missing_class_does_not_crash_and_counts_zero():
     s = classification_scores([0, 0], [0, 0])
     assert s["accuracy"] == 1.0 and s["per_class"]["neutral"]["support"] == 0
 
 
 def test_length_mismatch_is_an_error():
-    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+    with pytest.raises(ValueError, match="differ in length"):
         classification_scores([0, 1], [0])
 
 
