@@ -178,11 +178,11 @@ LOSS_CURVE: list[tuple[int, float]] = []  # (step, loss) every logging_steps ste
 
 def apply_variant(runner: str, variant: str) -> None:
     """Ablations for the change log (`--runners nli_helpers,nli_helpers@foreach_adamw`): undo one change."""
-    import nli_helpers.train as nt
+    import nli_helpers.step as ns
 
     for part in filter(None, variant.split("+")):
         if runner == "nli_helpers" and part == "foreach_adamw":
-            nt.build_optimizer = _foreach_optimizer
+            ns.build_optimizer = _foreach_optimizer
         elif runner in ("nli_helpers", "hf_trainer") and part in ("fp32", "bf16", "fp16"):
             OVERRIDES["precision"] = part
         elif runner == "hf_trainer" and part == "compile":  # Trainer's torch_compile=True (inductor, default mode)

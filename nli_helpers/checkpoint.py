@@ -46,10 +46,6 @@ class CheckpointError(NLIError):
     """A checkpoint could not be written or read."""
 
 
-def checkpoint_root(checkpoint_dir: str | None, output_dir: str) -> str:
-    return checkpoint_dir or files.join(output_dir, "checkpoints")
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

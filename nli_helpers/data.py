@@ -27,19 +27,9 @@ from tokenizers import Tokenizer
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from . import files
+from . import files, tables
 from .config import cache_dir as package_cache_dir
-from .tables import (
-    SUFFIXES,
-    UNLABELLED_ID,
-    DataError,
-    blank_texts,
-    check_columns,
-    file_kind,
-    label_ids,
-    missing,
-    read_pairs,
-)
+from .tables import DataError
 
 log = logging.getLogger(__name__)
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written pairs
@@ -82,15 +72,15 @@ def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.Dat
     """Columns premise/hypothesis/label(/genre), labels as ids; drop and count in `report` what
     can't train: unlabelled rows, blank texts, exact repeats. The same pair under two labels is
     kept and counted (crowd labels disagree). Anything else: a DataError naming the line/row."""
-    df = check_columns(df, source)
+    df = tables.check_columns(df, source)
     read = len(df)
-    ids = label_ids(df["label"], source)
-    unlabelled = ids == UNLABELLED_ID
+    ids = tables.label_ids(df["label"], source)
+    unlabelled = ids == tables.UNLABELLED_ID
     df = df[~unlabelled].assign(label=ids[~unlabelled].astype("int64"))
-    blank = blank_texts(df["premise"], source) | blank_texts(df["hypothesis"], source)
+    blank = tables.blank_texts(df["premise"], source) | tables.blank_texts(df["hypothesis"], source)
     df = df[~blank].astype({"premise": str, "hypothesis": str})
     if "genre" in df.columns:  # a tag for per-genre scores: anything goes, as encodable text
-        df["genre"] = df["genre"].map(lambda v: "unknown" if missing(v) else
+        df["genre"] = df["genre"].map(lambda v: "unknown" if tables.missing(v) else
                                       str(v).encode("utf-8", "replace").decode("utf-8"))
     duplicate = df.duplicated(["premise", "hypothesis", "label"])
     df = df[~duplicate]
@@ -169,15 +159,15 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
     except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem
         raise DataError(f"--data {source!r} is not a usable path ({e})") from e
     if is_dir:
-        return {split: normalise_frame(read_pairs(f), f, report)
+        return {split: normalise_frame(tables.read_pairs(f), f, report)
                 for split, f in split_files(fs, inside, source).items()}
-    named = file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~"))
+    named = tables.file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~"))
     if named and not is_file:  # a missing folder too, not "unsupported file type"
         raise DataError(f"data file {source} does not exist; pass --data with an existing file, a "
                         "folder of split files, a gs:// URI, a hub name or 'sample'")
     if is_file:
         name = "bundled sample" if source == "sample" else source
-        return {"train": normalise_frame(read_pairs(os.path.expanduser(path)), name, report)}
+        return {"train": normalise_frame(tables.read_pairs(os.path.expanduser(path)), name, report)}
     return _load_hub(source, report)
 
 
@@ -188,7 +178,7 @@ def split_files(fs, folder: str, source: str) -> dict[str, str]:
     for file in sorted(fs.ls(folder, detail=False)):
         name = file.rstrip("/").rsplit("/", 1)[-1]
         stem = name.split(".")[0].removeprefix("multinli_1.0_")
-        if stem in SPLIT_ALIASES and file_kind(name):
+        if stem in SPLIT_ALIASES and tables.file_kind(name):
             found.setdefault(SPLIT_ALIASES[stem], []).append(files.join(source, name))
     several = [f"{k}: {', '.join(fs_)}" for k, fs_ in found.items() if len(fs_) > 1]
     if several:
@@ -196,7 +186,7 @@ def split_files(fs, folder: str, source: str) -> dict[str, str]:
                         " keep one per split there, or pass the file you mean with --data")
     if "train" not in found:
         raise DataError(f"folder {source} has no train.* file; expected train.jsonl (or "
-                        f"{'/'.join(SUFFIXES[1:])}) and optionally validation_matched.* and "
+                        f"{'/'.join(tables.SUFFIXES[1:])}) and optionally validation_matched.* and "
                         "validation_mismatched.*")
     return {split: paths[0] for split, paths in found.items()}
 
@@ -210,7 +200,7 @@ def mnli_subset_frame(report: LoadReport) -> pd.DataFrame:
         raise DataError(f"--data {MNLI_SUBSET}: {e}; {mnli.WHAT_TO_DO}, or pass --data sample "
                         "(the hand-written pairs)") from e
     report.source = f"{MNLI_SUBSET} (MultiNLI dev_matched from {found.origin})"
-    df = normalise_frame(read_pairs(str(found.path)), str(found.path), report)
+    df = normalise_frame(tables.read_pairs(str(found.path)), str(found.path), report)
     return df[df["premise"].map(mnli.in_subset)].reset_index(drop=True)
 
 

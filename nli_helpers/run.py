@@ -30,19 +30,11 @@ import transformers
 from safetensors import SafetensorError
 from transformers import set_seed
 
+from . import distributed as dist
 from . import files
-from .checkpoint import checkpoint_root, latest_checkpoint
+from .checkpoint import latest_checkpoint
 from .config import NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
-from .distributed import (
-    broadcast_from_main,
-    check_accelerator,
-    device_for,
-    init_distributed,
-    on_main_process,
-    resolve_precision,
-    shutdown_distributed,
-)
 from .model import check_model_fits, load_model_and_tokenizer
 from .train import (
     Stopped,
@@ -76,22 +68,22 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`. A SIGTERM
     while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
     (a launcher stopping the ranks after one failed) exits at once instead."""
-    check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
-    job_dir = cfg.output_dir or default_job_dir()
+    dist.check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
+    job_dir = cfg.output_dir or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
     quiet_library_bars()
-    info = init_distributed()
-    root = checkpoint_root(cfg.checkpoint_dir, job_dir)
+    info = dist.init_distributed()
+    root = cfg.checkpoint_dir or files.join(job_dir, "checkpoints")
     try:
         # Fail now, not after an epoch, when the run or its checkpoints cannot be written. Rank 0
         # checks for all: a rank's probe would race another's clean-up of the folders it made.
-        on_main_process(lambda: [files.check_writable(path, flag) for path, flag in (
+        dist.on_main_process(lambda: [files.check_writable(path, flag) for path, flag in (
             (job_dir, "--output_dir"), (cfg.checkpoint_dir, "--checkpoint_dir")) if path], info)
         callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
         with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
             result = _train_and_save(cfg, job_dir, root, info, callbacks,
                                      verbose and info.is_main, exit_on_sigterm)
     finally:
-        shutdown_distributed()
+        dist.shutdown_distributed()
     if verbose:
         print(f"done in {result.metrics['train']['seconds']:.0f}s "
               f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
@@ -103,8 +95,8 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
 
 def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
                     verbose: bool, exit_on_sigterm: Callable[[], bool]) -> TrainResult:
-    device = device_for(info)
-    precision = resolve_precision(cfg.precision, device)  # fail fast, before loading anything
+    device = dist.device_for(info)
+    precision = dist.resolve_precision(cfg.precision, device)  # fail fast, before loading anything
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                              max_train_samples=cfg.max_train_samples,
                              max_eval_samples=cfg.max_eval_samples)
@@ -122,7 +114,8 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     tokenized = tokenize_splits(splits, tokenizer, cfg.max_seq_length)
     resume_from = cfg.resume_from_checkpoint
     if resume_from == "auto":  # rank 0 chooses for all: nodes' checkpoint folders could disagree
-        resume_from = broadcast_from_main(latest_checkpoint(root) if info.is_main else None, info)
+        newest = latest_checkpoint(root) if info.is_main else None
+        resume_from = dist.broadcast_from_main(newest, info)
     if verbose and cfg.resume_from_checkpoint:
         print(f"resuming from {resume_from}" if resume_from
               else f"no complete checkpoint in {root}: starting fresh")
@@ -134,7 +127,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
                        callbacks=callbacks, checkpoint_root=root, resume_from=resume_from,
                        should_stop=lambda: stop.requested)
         if result.stopped is None:  # every rank has the same weights: one writes them
-            on_main_process(lambda: save_run(result, job_dir, root), info)
+            dist.on_main_process(lambda: save_run(result, job_dir, root), info)
     if result.stopped is not None:
         raise stopped_error(result.stopped, stop, cfg)
     if stop.requested and verbose:
@@ -179,10 +172,6 @@ def sigterm_requests(exit_now: Callable[[], bool] = lambda: False) -> Iterator[S
         yield stop
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def default_job_dir() -> str:
-    return f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:

@@ -26,17 +26,10 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
+from . import step
 from .checkpoint import resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig
 from .data import collator, content_hash, model_columns
-from .step import (
-    build_optimizer,
-    compile_for_training,
-    compiled_graphs,
-    make_train_loader,
-    model_inputs,
-    optimizer_step,
-)
 
 
 class TrainCallback:
@@ -100,8 +93,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg.ddp_bf16_compress) if info.enabled else model
     if cfg.torch_compile:
-        net, graphs = compile_for_training(net, device), compiled_graphs()
-    loader = make_train_loader(tokenized["train"], cfg, tokenizer, device,
+        net, graphs = step.compile_for_training(net, device), step.compiled_graphs()
+    loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
     accum = cfg.gradient_accumulation_steps
     if len(loader) < accum:  # no optimizer step would ever be taken
@@ -111,7 +104,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                           " lower gradient_accumulation_steps, or use "
                           "more data")
     total_steps = max(1, math.ceil(cfg.num_train_epochs * (len(loader) // accum)))
-    optimizer = build_optimizer(model, cfg, device)
+    optimizer = step.build_optimizer(model, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps),
                                                 total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -154,11 +147,11 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             # DDP all-reduces gradients on every backward unless told not to: only on the last.
             with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
                 with dist.autocast(precision, device):
-                    loss = net(**model_inputs(batch, device, model)).loss / accum
+                    loss = net(**step.model_inputs(batch, device, model)).loss / accum
                 scaler.scale(loss).backward()
             if accumulating:
                 continue
-            lr = optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
+            lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
             if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
                 state.skipped_steps += 1
                 continue
@@ -206,7 +199,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
     if cfg.torch_compile:  # bounded by the padded widths: a number that grows with the run is a bug
-        metrics["train"]["compiled_graphs"] = compiled_graphs() - graphs
+        metrics["train"]["compiled_graphs"] = step.compiled_graphs() - graphs
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)
@@ -230,7 +223,7 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     for idx, inputs in zip(batches, tqdm(loader, desc="evaluate", leave=False,
                                          disable=not live_progress() or len(batches) < 2)):
         with dist.autocast(precision, device):
-            logits = model(**model_inputs(inputs, device, model)).logits
+            logits = model(**step.model_inputs(inputs, device, model)).logits
         preds[idx] = logits.argmax(-1).cpu().numpy()
     if info.enabled:
         for rank_order, rank_preds in dist.all_gather_objects((order, preds[order]), info):
