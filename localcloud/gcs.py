@@ -76,7 +76,8 @@ def start_emulator() -> GcsEmulator:
         raise RuntimeError("gcp-storage-emulator changed its internals: cannot find its bound port")
     # One thread answers every request, behind socketserver's backlog of 5: a burst of connections
     # (gcsfs uploads a folder's files at once, a job's ranks write beside the test) overflowed it
-    # (the kernel's ListenOverflows counter), and each dropped connection hung until aiohttp's
-    # 5-minute timeout. listen() again with a deep queue: they wait their turn instead.
+    # (the kernel's ListenOverflows counter), and a connection the kernel dropped waited out TCP's
+    # retransmissions, minutes, with no timeout to cut it short (gcsfs passes requests_timeout=None
+    # to aiohttp: no limit). listen() again with a deep queue: they wait their turn instead.
     httpd.socket.listen(1024)
     return GcsEmulator(host=f"http://127.0.0.1:{httpd.server_address[1]}", server=server)
