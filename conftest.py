@@ -8,6 +8,13 @@ side by side, benchmarks/README.md). A value you set yourself is kept.
 
 import os
 
+# gcsfs decides when it is first imported whether to probe every bucket's layout over the Storage
+# Control API (gRPC), which the Cloud Storage emulator does not serve: a probe then retries for a
+# minute or more per bucket, and every test makes its own bucket. localcloud's EMULATOR_ENV says
+# "false" too, but only from the moment the emulator starts: a test that touched gs:// before that
+# had already imported gcsfs with the probe on, for the rest of the worker's tests.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))  # before anything imports torch
