@@ -35,8 +35,8 @@ class ConfigError(NLIError, ValueError):
 
 
 def cache_dir() -> Path:
-    """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache, run locks, the image stand-in's venvs.
-    Never evicted; safe to delete."""
+    """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache, run locks, the image stand-in's
+    venvs. Never evicted; safe to delete."""
     return Path(os.environ.get("NLI_CACHE_DIR") or Path.home() / ".cache" / "nli-helpers")
 
 
