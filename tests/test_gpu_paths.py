@@ -157,7 +157,9 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model
     assert resumed.returncode != 0, resumed.stderr[-3000:]  # torchrun: 1 when a rank failed
     assert "error: cannot resume from " in resumed.stderr and "checkpoint-00000004" in resumed.stderr
     assert "the number of processes (1 -> 2" in resumed.stderr
-    assert resumed.stderr.count("exitcode  : 2") == 2  # torchrun's report: each rank ended with its error: line
+    # torchrun's report: the rank that refused first ended with its error: line (exit 2). The other refuses at the
+    # same step, but torchrun may stop it first (a SIGTERM) once one rank failed: under load it often does.
+    assert resumed.stderr.count("exitcode  : 2") >= 1
 
 
 def test_resume_in_another_precision_is_refused():
