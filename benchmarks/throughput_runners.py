@@ -216,6 +216,14 @@ def heldout_accuracy(model, tokenizer, dataset, device, batch_size: int = 128) -
     return float((preds == np.asarray(list(dataset["label"]))).mean())
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far: the kernel's ru_maxrss (kB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)
+
+
 def run(spec: dict) -> dict:
     torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
     device, _ = device_and_bf16()
@@ -242,6 +250,7 @@ def run(spec: dict) -> dict:
     # CPU seconds of all this process's threads: steadier than wall time on a shared machine (with
     # one thread; with more, threads spinning at barriers while a sibling is descheduled inflate it).
     loop_cpu_s = end_cpu - counter.first_forward_cpu
+    train_peak_rss_mb = peak_rss_mb()  # before the held-out scoring below, which is the same for every runner
     accuracy = heldout_accuracy(model.to(device), tokenizer, tokenized["held_out"], device)
     return {
         "runner": spec["runner"], "precision": precision, "device": str(device), "threads": torch.get_num_threads(),
@@ -253,7 +262,7 @@ def run(spec: dict) -> dict:
         "prepare_s": start - t0,
         "examples_per_s": counter.rows / loop_s, "tokens_per_s": counter.real_tokens / loop_s,
         "padded_fraction": 1 - counter.real_tokens / counter.padded_tokens if counter.padded_tokens else 0.0,
-        "accuracy": accuracy, "eval_examples": len(held_out), "train_examples": len(splits["train"]),
+        "train_peak_rss_mb": train_peak_rss_mb, "accuracy": accuracy, "eval_examples": len(held_out), "train_examples": len(splits["train"]),
         "mean_train_tokens": float(np.mean(tokenized["train"]["length"])),
         "loss_curve": LOSS_CURVE, "parameters": sum(p.numel() for p in model.parameters()),
         "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,

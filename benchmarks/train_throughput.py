@@ -38,8 +38,8 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER_NAMES = ("seed_recipe", "hf_trainer", "nli_helpers")
 DEFAULT_DATA = os.environ.get("NLI_REAL_DATA")  # else MultiNLI dev_matched where nli_helpers.mnli finds it
-MEDIAN_KEYS = ("examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "wall_s", "loop_s",
-               "setup_s", "cpu_ms_per_example", "accuracy")
+MEDIAN_KEYS = ("examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "train_peak_rss_mb",
+               "wall_s", "loop_s", "setup_s", "cpu_ms_per_example", "accuracy")
 # Steps are a multiple of 50 because Trainer's group_by_length sampler sorts each mega-batch of 50
 # batches longest first: a run that stops inside a mega-batch would hand Trainer only its longest pairs.
 QUICK = {"steps": 50, "repeats": 2, "seed_repeats": 1, "max_eval_samples": 500}
@@ -185,7 +185,8 @@ def machine_info() -> dict:
 
 def print_table(runs: dict, ratios: dict) -> None:
     cols = [("runner", "{}"), ("precision", "{}"), ("examples_per_s", "{:.1f}"), ("tokens_per_s", "{:.0f}"),
-            ("padded_fraction", "{:.3f}"), ("peak_rss_mb", "{:.0f}"), ("wall_s", "{:.1f}"), ("cpu_ms_per_example", "{:.1f}"),
+            ("padded_fraction", "{:.3f}"), ("peak_rss_mb", "{:.0f}"),
+            ("train_peak_rss_mb", "{:.0f}"), ("wall_s", "{:.1f}"), ("cpu_ms_per_example", "{:.1f}"),
             ("accuracy", "{:.3f}")]
     rows = [[fmt.format(name if key == "runner" else run[key]) for key, fmt in cols] for name, run in runs.items()]
     widths = [max(len(c[0]), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

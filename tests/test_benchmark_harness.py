@@ -14,7 +14,8 @@ from tests.helpers import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "train_throughput.py"
 RUNNERS = ("seed_recipe", "hf_trainer", "nli_helpers")
-RUN_KEYS = {"examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "wall_s", "accuracy"}
+RUN_KEYS = {"examples_per_s", "tokens_per_s", "padded_fraction", "peak_rss_mb", "train_peak_rss_mb", "wall_s",
+            "accuracy"}
 
 
 def load_harness():
