@@ -128,3 +128,15 @@ def test_a_missing_split_names_the_splits_there_are(tmp_path, monkeypatch):
     cb = HypertuneCallback("validation_mismatched_accuracy")
     with pytest.raises(ConfigError, match="evaluates only validation_matched"):
         cb.on_evaluate(4, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.5}})
+
+
+def test_the_hypertune_reporter_is_made_at_the_first_report_on_the_main_process_only(tmp_path, monkeypatch):
+    """cloudml-hypertune's HyperTune() runs os.makedirs without exist_ok: every rank of a multi-GPU trial builds the
+    callback, so only the one that reports (the main process; TrainLog calls no callback on the others) makes it."""
+    metric_file = tmp_path / "hypertune" / "output.metrics"
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
+    ranks = [HypertuneCallback("validation_matched_accuracy") for _ in range(2)]
+    assert not metric_file.parent.exists()  # building the callbacks touched nothing
+    ranks[0].on_evaluate(4, 0, {"validation_matched": {"accuracy": 0.5, "macro_f1": 0.4}})
+    assert float(json.loads(metric_file.read_text().splitlines()[-1])["validation_matched_accuracy"]) == 0.5
+    assert ranks[0].path == metric_file

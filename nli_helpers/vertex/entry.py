@@ -18,6 +18,7 @@ What Vertex AI adds (each name spelled once, in `environment`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -160,8 +161,17 @@ class HypertuneCallback(TrainCallback):
     def __init__(self, metric: str = DEFAULT_HYPERTUNE_METRIC):
         self.metric = metric
         self.split, self.score = parse_hypertune_metric(metric)  # fails before training, not after
-        self.reporter = hypertune.HyperTune()
-        self.path = Path(self.reporter.metric_path)
+
+    @functools.cached_property
+    def reporter(self) -> hypertune.HyperTune:
+        """Made at the first report, so on the main process only: `HyperTune()` creates the metric
+        file's folder with `os.makedirs` and no `exist_ok`, and every rank of a multi-GPU trial
+        builds this callback, so ranks making it at once could crash the trial's start."""
+        return hypertune.HyperTune()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.reporter.metric_path)
 
     def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
         if self.split not in scores:
