@@ -69,9 +69,11 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
     (a launcher stopping the ranks after one failed) exits at once instead."""
     dist.check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
-    job_dir = cfg.output_dir or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}"
     quiet_library_bars()
     info = dist.init_distributed()
+    # Rank 0 names the default folder for every rank: their clocks may read different seconds.
+    job_dir = cfg.output_dir or dist.broadcast_from_main(
+        f"runs/train-{datetime.now():%Y%m%d-%H%M%S}", info)
     root = cfg.checkpoint_dir or files.join(job_dir, "checkpoints")
     try:
         # Fail now, not after an epoch, when the run or its checkpoints cannot be written. Rank 0

@@ -74,23 +74,20 @@ def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device
                       num_replicas: int = 1, rank: int = 0) -> torch.utils.data.DataLoader:
     """Length-grouped batches of `per_device_train_batch_size` pairs per process, padded by
     transformers' `DataCollatorWithPadding`."""
+    # Widths padded to a multiple of 16 for a compiled model (few shapes), of 8 on a GPU (tensor
+    # cores), else not at all.
+    multiple = 16 if cfg.torch_compile else 8 if device.type == "cuda" else None
     sampler = LengthGroupedBatches(dataset["length"], cfg.per_device_train_batch_size,
                                    seed=cfg.seed, group_by_length=cfg.group_by_length,
                                    num_replicas=num_replicas, rank=rank)
     return torch.utils.data.DataLoader(
         model_columns(dataset, tokenizer), batch_sampler=sampler,
         num_workers=cfg.dataloader_num_workers,
-        collate_fn=collator(tokenizer, pad_multiple(device, cfg.torch_compile)),
+        collate_fn=collator(tokenizer, multiple),
         # Its own generator: drawing from the global RNG that dropout uses would give a resumed run
         # other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.dataloader_num_workers > 0)
-
-
-def pad_multiple(device: torch.device, compiled: bool = False) -> int | None:
-    """Pad widths to a multiple of 16 for a compiled model (few shapes), of 8 on a GPU (tensor
-    cores), else not at all."""
-    return 16 if compiled else 8 if device.type == "cuda" else None
 
 
 def compile_for_training(net, device: torch.device):

@@ -77,7 +77,8 @@ def free_port() -> int:
 def train_args(job_dir, per_device_batch, model_dir, *extra):
     return ["--profile", "smoke", "--data", "sample", "--model_name_or_path", model_dir, "--num_train_epochs", "2",
             "--per_device_train_batch_size", str(per_device_batch), "--max_train_samples", "192",
-            "--logging_steps", "1", "--precision", "fp32", "--no-progress", "--output_dir", str(job_dir), *extra]
+            "--logging_steps", "1", "--precision", "fp32", "--no-progress",
+            *(["--output_dir", str(job_dir)] if job_dir else []), *extra]
 
 
 def read_run(job_dir):
@@ -93,13 +94,15 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
     # The same global batch (2 processes x 8 pairs per device = 1 x 16: 12 steps an epoch); and a time budget
     # for checkpoints (6 ms: due after every step), which rank 0's clock decides for both ranks at their
     # agreement every --sync_every steps: a rank that disagreed would hang in the checkpoint.
+    # Without --output_dir (run from tmp_path): rank 0 names runs/train-<time> for both ranks.
+    two_args = train_args(None, 8, tiny_model_dir, "--checkpoint_every_minutes=0.0001", "--sync_every=3")
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={free_port()}", "--module", "nli_helpers.task",
-                          *train_args(tmp_path / "two", 8, tiny_model_dir,
-                                      "--checkpoint_every_minutes=0.0001", "--sync_every=3")],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+                          f"--master-port={free_port()}", "--module", "nli_helpers.task", *two_args],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
-    (h1, m1), (h2, m2) = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    [two_dir] = (tmp_path / "runs").iterdir()  # one folder, the two ranks' run
+    assert two_dir.name.startswith("train-")
+    (h1, m1), (h2, m2) = read_run(tmp_path / "one"), read_run(two_dir)
     assert [r["step"] for r in h1] == [r["step"] for r in h2]
     assert [r["loss"] for r in h2] == pytest.approx([r["loss"] for r in h1], abs=2e-4)  # mean, not 2x
     for split in ("validation_matched", "validation_mismatched"):
@@ -112,6 +115,6 @@ def test_two_gloo_processes_match_one_process_at_the_same_global_batch(tmp_path,
                        two.stdout)
     # logged by rank 0, at the agreements (every 3rd step), between epoch ends
     assert timed and all(int(step) % 12 and int(step) % 3 == 0 for step in timed), timed
-    kept = sorted((tmp_path / "two" / "checkpoints").glob("checkpoint-*"))
+    kept = sorted((two_dir / "checkpoints").glob("checkpoint-*"))
     assert [p.name for p in kept] == [f"checkpoint-{int(step):08d}" for step in timed[-2:]]
     assert two.stdout.count("eval step") == len(m2["eval_history"])  # one line per evaluation: only rank 0 logs
