@@ -21,7 +21,7 @@ help:
 	@echo "make demo   set up (first time) and run every notebook headlessly on the smoke profile"
 	@echo "make test   set up (first time) and run the whole test suite"
 	@echo "make fuzz   the trainer command's contract, long: EXAMPLES=3000 drawn cases (about an hour)"
-	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test; make test runs it"
+	@echo "make browser  install Debian's chromium (as root) for the JupyterLab UI test, which skips without it"
 	@echo "make bench  the throughput benchmark (--quick) into runs/throughput.json"
 	@echo "make gpu-check  roberta-base-shaped bf16/fp16/Trainer runs on this machine's GPU into runs/gpu_check.json"
 	@echo "make image-check  resolve every install step of docker/Dockerfile against PyPI and Debian's index"
@@ -106,7 +106,7 @@ browser:
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 WORKERS ?= auto
 XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
-test: $(STAMP) browser
+test: $(STAMP)
 	$(REAL_DATA_ENV) $(BIN)/python -m pytest $(XDIST) --durations=25 tests notebooks $(NBVAL)
 
 # The trainer command's contract, long: hypothesis draws EXAMPLES command lines and EXAMPLES/25 signals (README).

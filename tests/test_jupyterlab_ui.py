@@ -19,7 +19,7 @@ demo does; nbval runs every notebook on the file `NLI_REAL_DATA` names. Artefact
 trains for minutes and nbval runs it; 06 trains a small model with the same progress bar in seconds.
 
 Needs: jupyterlab (the `notebooks` extra), playwright (the `dev` extra; never `playwright install`: we use the
-system browser) and Chromium at /usr/bin/chromium (`make browser`, which `make test` runs, installs Debian's with
+system browser) and Chromium at /usr/bin/chromium (`make browser` installs Debian's with
 apt as root), or the binary that `NLI_CHROMIUM` names. Missing pieces skip the test, except in CI: with `CI` or
 `NLI_REQUIRE_BROWSER` set (.ci/run sets the latter) they fail it.
 """
@@ -100,7 +100,7 @@ def _missing(reason: str):
     if REQUIRED:
         pytest.fail(f"{reason} (CI or NLI_REQUIRE_BROWSER is set, so the JupyterLab UI test must run; "
                     "`make browser` installs Debian's chromium)")
-    pytest.skip(f"{reason}; `make test` installs it (`make browser`), CI requires it")
+    pytest.skip(f"{reason}; `make browser` installs it, CI requires it")
 
 
 def _free_port() -> int:
