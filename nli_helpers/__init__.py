@@ -11,7 +11,7 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     notebook_runs       `predict` through transformers' pipeline)
     train               the loop, evaluation, scores and log; `should_stop` and callbacks
     checkpoint, model,  exact resume; loading the model; the pieces of a step (loader,
-    step                inputs as the model takes them, optimizer, torch.compile)
+    step, compiled      inputs as the model takes them, optimizer); torch.compile and its counts
     data, distributed   a file to length-grouped, padded batches (normalise, split by premise,
                         tokenise with a cache); ranks, devices, precision
     tables, files       one reader per file format; local paths and gs:// through fsspec

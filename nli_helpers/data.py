@@ -322,11 +322,13 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
     """Each epoch's batches of row numbers, in transformers' length-grouped order (Trainer's
     `group_by_length`: shuffle, sort mega-batches by length, longest batch first) or random.
     `batch_size` is per process: each of `num_replicas` ranks takes its share of every global
-    batch from the same order, so N processes see exactly the batches one process would."""
+    batch from the same order, so N processes see exactly the batches one process would.
+    `drop_last` leaves out the epoch's short last batch (which pairs that is changes each epoch)."""
 
     def __init__(self, lengths, batch_size: int, *, seed: int = 0, group_by_length: bool = True,
-                 num_replicas: int = 1, rank: int = 0):
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False):
         self.lengths, self.size = list(lengths), batch_size * num_replicas
+        self.least = self.size if drop_last else num_replicas  # pairs a batch needs to be kept
         self.seed, self.group, self.replicas, self.rank = seed, group_by_length, num_replicas, rank
         self.epoch = self.skip = 0
 
@@ -340,13 +342,13 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
                  if self.group else torch.randperm(len(self.lengths), generator=generator).tolist())
         batches = [order[i:i + self.size] for i in range(0, len(order), self.size)]
         # A last batch too small to give every rank a pair is dropped: all ranks step together.
-        return iter([b[self.rank::self.replicas] for b in batches if len(b) >= self.replicas]
+        return iter([b[self.rank::self.replicas] for b in batches if len(b) >= self.least]
                     [self.skip:])
 
     def __len__(self) -> int:
         """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
         n = len(self.lengths)
-        return n // self.size + (n % self.size >= self.replicas)
+        return n // self.size + (n % self.size >= self.least)
 
 
 def model_columns(split, tokenizer):

@@ -86,7 +86,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
                                      verbose and info.is_main, exit_on_sigterm)
     finally:
         dist.shutdown_distributed()
-    if verbose:
+    if verbose and info.is_main:  # one summary for the job, not one per rank
         print(f"done in {result.metrics['train']['seconds']:.0f}s "
               f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
               + summary_line({k: v for k, v in result.metrics.items()

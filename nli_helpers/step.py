@@ -1,6 +1,6 @@
 """The pieces of one training step and what feeds it, which `train.train` puts together: the
 loader of length-grouped, padded batches, the inputs as the model takes them (no host sync), the
-optimizer (AdamW, decay by shape) and its step through the fp16 loss scaler, and `torch.compile`.
+optimizer (AdamW, decay by shape) and its step through the fp16 loss scaler.
 
     >>> loader = make_train_loader(tokenized["train"], cfg, tokenizer, device)
     >>> loss = model(**model_inputs(next(iter(loader)), device, model)).loss
@@ -14,18 +14,19 @@ from .config import TrainConfig
 from .data import LengthGroupedBatches, collator, model_columns
 
 
-def model_inputs(batch: dict, device: torch.device, model) -> dict:
+def model_inputs(batch: dict, device: torch.device, model, keep_mask: bool = False) -> dict:
     """The batch on `device`, its attention mask in a form the model uses as it is. Given a 2-D
     mask, transformers asks `padding_mask.all()` on every forward whether it may skip masking: a
     host sync per step, which also keeps CUDA graphs out. The collated mask is still on the CPU, so
     the question is answered here for free: an unpadded batch goes without a mask, a padded one with
-    the 4-D mask transformers would build (bool for SDPA, additive for eager attention)."""
+    the 4-D mask transformers would build (bool for SDPA, additive for eager attention). A compiled
+    model always gets the mask (`keep_mask`): a batch without one would compile another graph."""
     mask = batch.get("attention_mask")
     moved = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "attention_mask"}
     kind = getattr(model.config, "_attn_implementation", None)
     if mask is None or kind not in ("sdpa", "eager"):  # flash/flex attention take the 2-D mask
         return moved if mask is None else {**moved, "attention_mask": mask.to(device)}
-    if mask.numpy().all():  # numpy, on the CPU copy: no device, no sync
+    if mask.numpy().all() and not keep_mask:  # numpy, on the CPU copy: no device, no sync
         return moved
     width = mask.shape[1]
     attend = mask.to(device, non_blocking=True).bool()[:, None, None, :].expand(-1, 1, width, -1)
@@ -79,7 +80,8 @@ def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device
     multiple = 16 if cfg.torch_compile else 8 if device.type == "cuda" else None
     sampler = LengthGroupedBatches(dataset["length"], cfg.per_device_train_batch_size,
                                    seed=cfg.seed, group_by_length=cfg.group_by_length,
-                                   num_replicas=num_replicas, rank=rank)
+                                   num_replicas=num_replicas, rank=rank,
+                                   drop_last=cfg.torch_compile)  # one batch size: `compiled`
     return torch.utils.data.DataLoader(
         model_columns(dataset, tokenizer), batch_sampler=sampler,
         num_workers=cfg.dataloader_num_workers,
@@ -88,18 +90,3 @@ def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device
         # other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.dataloader_num_workers > 0)
-
-
-def compile_for_training(net, device: torch.device):
-    """`torch.compile` for the training steps: inductor's fused kernels, and on a GPU CUDA graphs
-    ("reduce-overhead": a step's ~1,200 kernel launches replayed as one graph). The first padded
-    width compiles a static graph, the next one a graph with dynamic dimensions that serves every
-    later width and batch size. Evaluation and saving use the eager model underneath."""
-    return torch.compile(net, mode="reduce-overhead" if device.type == "cuda" else None)
-
-
-def compiled_graphs() -> int:
-    """Graphs torch.compile has compiled in this process so far."""
-    from torch._dynamo.utils import counters  # dynamo loads only for a compiled run
-
-    return counters["stats"]["unique_graphs"]

@@ -92,8 +92,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     set_seed(cfg.seed)
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg.ddp_bf16_compress) if info.enabled else model
-    if cfg.torch_compile:
-        net, graphs = step.compile_for_training(net, device), step.compiled_graphs()
+    if cfg.torch_compile:  # imported only here: dynamo and inductor load for a compiled run only
+        from . import compiled
+        before, net = compiled.counters(), compiled.compile_for_training(net, model, device, cfg)
     loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
     accum = cfg.gradient_accumulation_steps
@@ -147,7 +148,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             # DDP all-reduces gradients on every backward unless told not to: only on the last.
             with net.no_sync() if info.enabled and accumulating else contextlib.nullcontext():
                 with dist.autocast(precision, device):
-                    loss = net(**step.model_inputs(batch, device, model)).loss / accum
+                    inputs = step.model_inputs(batch, device, model, keep_mask=cfg.torch_compile)
+                    loss = net(**inputs).loss / accum
                 scaler.scale(loss).backward()
             if accumulating:
                 continue
@@ -198,8 +200,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
-    if cfg.torch_compile:  # bounded by the padded widths: a number that grows with the run is a bug
-        metrics["train"]["compiled_graphs"] = step.compiled_graphs() - graphs
+    if cfg.torch_compile:  # graphs bounded by kinds of shape; growing with the run: a bug
+        dropped = len(tokenized["train"]) % (cfg.per_device_train_batch_size * info.world_size)
+        metrics["train"]["compile"] = {**compiled.counters(before), "dropped_per_epoch": dropped}
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)

@@ -1,0 +1,50 @@
+"""What `--torch_compile` adds to a run, imported only then: `torch.compile` set up so that a run
+compiles once per kind of shape, and the counters that show it did (metrics.json, `train.compile`).
+
+    >>> net, before = compile_for_training(net, model, device, cfg), counters()
+    >>> ...  # the training loop
+    >>> counters(before)  # {"graphs": 2, "graph_breaks": 0, "recompiles": 1, "cudagraph_skips": 0}
+
+What would compile again, and what this run does instead:
+- transformers' sequence classifiers set `config.problem_type` in their first forward; the graph
+  guards on it, so the second step would recompile. It is set here first.
+- An unpadded batch sent without its mask is another graph: a compiled run always passes the mask
+  (`step.model_inputs(..., keep_mask=True)`).
+- The epoch's short last batch is another batch size: a compiled run leaves it out
+  (`LengthGroupedBatches(drop_last=True)`; `dropped_per_epoch` counts the pairs). Every pair is
+  still trained on in the epochs where the shuffle puts it elsewhere.
+- Widths are padded to multiples of 16: the first width compiles a static graph, the second one
+  a graph with a dynamic width that serves every later one (on a GPU, CUDA graphs then record
+  once per width).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import TrainConfig
+
+
+def compile_for_training(net, model, device: torch.device, cfg: TrainConfig):
+    """`torch.compile`, with CUDA graphs on a GPU ("reduce-overhead": a step's ~1,200 kernel
+    launches replayed as one graph). Gradient accumulation compiles without them: gradients summed
+    over micro-batches would live in the graph's memory pool, which the next replay overwrites
+    (torch/_inductor/cudagraph_trees.py). Evaluation and saving use the eager model underneath."""
+    if model.config.problem_type is None:
+        model.config.problem_type = "single_label_classification"
+    graphs = device.type == "cuda" and cfg.gradient_accumulation_steps == 1
+    return torch.compile(net, mode="reduce-overhead" if graphs else None)
+
+
+def counters(since: dict | None = None) -> dict:
+    """Dynamo's and inductor's counts for this process (minus `since`): graphs compiled, graph
+    breaks, recompiles (a frame compiled again: dynamo numbers each frame's compiles) and
+    CUDA-graph skips (a compiled graph that ran without CUDA graphs, e.g. a CPU tensor input)."""
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    from torch._dynamo.utils import counters as dynamo
+
+    now = {"graphs": dynamo["stats"]["unique_graphs"],
+           "graph_breaks": sum(dynamo["graph_break"].values()),
+           "recompiles": sum(n - 1 for n in FRAME_COMPILE_COUNTER.values() if n > 1),
+           "cudagraph_skips": dynamo["inductor"]["cudagraph_skips"]}
+    return now if since is None else {key: now[key] - since[key] for key in now}
