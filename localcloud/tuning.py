@@ -115,6 +115,8 @@ def _create(fake, parent: str, body: dict) -> tuple[int, dict]:
     problem = _server_side_problem(proto)
     if problem:
         return rules.api_error(400, "INVALID_ARGUMENT", problem)
+    if problem := fake.practice_problem(proto.trial_job_spec):
+        return rules.api_error(400, "FAILED_PRECONDITION", problem)
     now = dt.datetime.now(dt.UTC)
     proto.name = f"{parent}/hyperparameterTuningJobs/{next(fake._ids)}"
     proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, now, now

@@ -51,6 +51,9 @@ _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data.
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME")
+PRACTICE_FULL = ("practice mode trains each job on this machine's CPU, where profile full (roberta-base on 393k "
+                 "pairs) takes days: practice with notebooks/params/smoke.yaml, rehearse full by adding "
+                 "notebooks/params/rehearsal.yaml after full.yaml, or run it on Vertex AI with cloud='google'")
 
 
 @dataclass
@@ -158,12 +161,26 @@ class FakeVertex:
         problem = rules.server_side_problem(proto)
         if problem:
             return rules.api_error(400, "INVALID_ARGUMENT", problem)
+        if problem := self.practice_problem(proto.job_spec):
+            return rules.api_error(400, "FAILED_PRECONDITION", problem)
         proto.name = f"{parent}/customJobs/{next(self._ids)}"
         proto.state, proto.create_time, proto.update_time = JobState.JOB_STATE_PENDING, rules.now(), rules.now()
         job = self.jobs[proto.name] = rules.FakeJob(proto, body)
         if self.run_jobs:
             threading.Thread(target=self._run, args=(job,), daemon=True).start()
         return 200, self._json(proto, {})
+
+    def practice_problem(self, job_spec) -> str | None:
+        """Not Vertex's: the fake trains every job on this machine, so without a GPU here it refuses the
+        full recipe, which would take days on the CPU, naming the scaled alternatives."""
+        for pool in job_spec.worker_pool_specs[:2] if self.run_jobs else ():
+            flags = dict(arg.removeprefix("--").partition("=")[::2] for arg in pool.container_spec.args)
+            if flags.get("profile") == "full" and "max_train_samples" not in flags:
+                import torch  # only here: the fake itself needs no torch
+
+                if not torch.cuda.is_available():
+                    return PRACTICE_FULL
+        return None
 
     def _cancel(self, job: rules.FakeJob) -> tuple[int, dict]:
         with self._lock:

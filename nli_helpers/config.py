@@ -179,6 +179,12 @@ class TrainConfig:
                 f"per device x {self.gradient_accumulation_steps} accumulation, lr "
                 f"{self.learning_rate:g}, max_seq_length {self.max_seq_length}")
 
+    @property
+    def reference_recipe(self) -> bool:
+        """The full profile on all its pairs: what needs a GPU (days on a CPU), and what the
+        notebooks hold to the recipe's accuracy. A capped full run (a rehearsal) is not."""
+        return self.profile == "full" and self.max_train_samples is None
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

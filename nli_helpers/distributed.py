@@ -204,8 +204,8 @@ class NoGPUError(NLIError):
 
 
 def check_accelerator(cfg: TrainConfig) -> None:
-    """Stop before anything loads when a run that needs a GPU has none (the `full` profile), or
-    when a GPU-only option meets a CPU. `nli_helpers.vertex.entry` adds a replica's own check."""
+    """Stop before anything loads when a run that needs a GPU has none (`cfg.reference_recipe`),
+    or when a GPU-only option meets a CPU. `nli_helpers.vertex.entry` adds a replica's own check."""
     if cfg.ddp_bf16_compress and not torch.cuda.is_available():
         raise ConfigError("ddp_bf16_compress needs CUDA GPUs: torch's bf16 all-reduce hook runs on "
                           "NCCL only, and gloo on a CPU has none. Leave it off here (gradients "
@@ -213,7 +213,7 @@ def check_accelerator(cfg: TrainConfig) -> None:
     # A GPU this torch has no kernels for: torch warns itself at the first CUDA call.
     if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1" or torch.cuda.is_available():
         return
-    if cfg.profile == "full":
+    if cfg.reference_recipe:
         raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, "
                          f"and torch {torch.__version__} sees none here (nvidia-smi shows the "
                          "driver and the GPUs). Run it on a GPU machine (a "

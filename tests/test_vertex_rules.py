@@ -15,8 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from google.api_core.exceptions import BadRequest
+from google.cloud import aiplatform
+from google.cloud.aiplatform import hyperparameter_tuning as hpt
 
+from localcloud.tuning import tuning_jobs
 from nli_helpers import vertex
+from nli_helpers.config import make_config
 
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: make_fake_vertex
 
@@ -166,3 +172,36 @@ def test_cloud_ml_project_id_is_the_project_number(cloud):
     (line,) = [x for x in fake.jobs[job.resource_name].log.splitlines() if "project=" in x]
     number = line.rsplit("=", 1)[1]
     assert number.isdigit() and number != PROJECT, line
+
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU here, practice mode can train full")
+def test_practice_mode_refuses_the_full_recipe_on_a_cpu_and_names_the_scaled_alternatives(cloud):
+    """Not a Vertex rule: the stand-in trains each job on this machine's CPU, where full takes days. A job or a
+    tuning job of it is refused at creation, in one message; a capped full run (the rehearsal) goes through."""
+    fake, bucket = cloud
+
+    def job(name: str, cfg) -> aiplatform.CustomJob:  # the SDK's own calls, as notebooks 04 and 05 make them
+        pool = {"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+                "container_spec": {"image_uri": IMAGE, "command": ["python", "-c", "pass"],
+                                   "args": vertex.job_args(cfg)}}
+        return aiplatform.CustomJob(display_name=name, worker_pool_specs=[pool],
+                                    base_output_dir=f"gs://{bucket}/{name}")
+
+    with pytest.raises(BadRequest) as refused:
+        job("full", make_config("full")).submit()
+    message = refused.value.message
+    assert "profile full (roberta-base on 393k pairs) takes days" in message and "\n" not in message
+    assert "notebooks/params/smoke.yaml" in message and "notebooks/params/rehearsal.yaml" in message
+    tuning = aiplatform.HyperparameterTuningJob(
+        display_name="full-hp", custom_job=job("trial", make_config("full")),
+        metric_spec={"validation_matched_accuracy": "maximize"}, max_trial_count=1, parallel_trial_count=1,
+        parameter_spec={"learning_rate": hpt.DoubleParameterSpec(min=1e-5, max=5e-5, scale="log")})
+    with pytest.raises(BadRequest, match="profile full .* takes days"):
+        tuning.run()
+    assert not fake.jobs and not tuning_jobs(fake)
+
+    rehearsal = job("rehearsal", make_config("full", max_train_samples=64))
+    rehearsal.submit()
+    fake.wait(rehearsal.resource_name, timeout=30)
+    assert rehearsal.state.name == "JOB_STATE_SUCCEEDED"
