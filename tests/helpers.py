@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -127,3 +128,10 @@ def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
                             timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a rendezvous or a server of the test's own."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

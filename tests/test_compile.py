@@ -24,17 +24,19 @@ class GraphsPerEpoch(train.TrainCallback):
         self.seen.append(compiled_module.counters()["graphs"])
 
 
-def run(tiny_model_dir, compile: bool, max_length: int, callbacks=(), per_device_train_batch_size=8):
+def run(tiny_model_dir, compile: bool, max_length: int, callbacks=(), per_device_train_batch_size=8, device="cpu",
+        gradient_accumulation_steps=1):
     torch.manual_seed(0)
     torch._dynamo.reset()
     cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=3,
                       per_device_train_batch_size=per_device_train_batch_size,
                       max_train_samples=60, max_eval_samples=16, logging_steps=1, progress=False,
-                      save_total_limit=0, precision="fp32", torch_compile=compile)
+                      save_total_limit=0, precision="fp32", torch_compile=compile,
+                      gradient_accumulation_steps=gradient_accumulation_steps)
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     tokenized = tokenize_splits(load_nli_splits("sample", max_train_samples=60, max_eval_samples=16), tokenizer,
                                  max_length)
-    result = train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"), callbacks=callbacks)
+    result = train.train(cfg, model, tokenizer, tokenized, device=torch.device(device), callbacks=callbacks)
     result.tokenized_train = tokenized["train"]
     return result
 
@@ -70,3 +72,18 @@ def test_one_width_with_and_without_padding_is_one_graph_from_the_first_step(tin
     assert {bool(batch["attention_mask"].all()) for batch in loader} == {True, False}
     assert result.metrics["train"]["compile"] == {"graphs": 1, "graph_breaks": 0, "recompiles": 0,
                                                   "cudagraph_skips": 0, "dropped_per_epoch": 0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU (benchmarks/device_check.sh)")
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_on_a_gpu_compiled_steps_replay_cuda_graphs_and_train_as_eager_ones(tiny_model_dir, monkeypatch, accumulate):
+    # One graph per kind of shape and no CUDA-graph skip (a skip would mean eager speed in a compiled run). With
+    # gradient accumulation the run compiles without CUDA graphs (nli_helpers/compiled.py) and still matches.
+    compiled = run(tiny_model_dir, compile=True, max_length=80, device="cuda", gradient_accumulation_steps=accumulate)
+    monkeypatch.setattr(step, "LengthGroupedBatches",
+                        lambda *args, **kwargs: LengthGroupedBatches(*args, **{**kwargs, "drop_last": True}))
+    eager = run(tiny_model_dir, compile=False, max_length=80, device="cuda", gradient_accumulation_steps=accumulate)
+    assert [row["loss"] for row in compiled.history] == pytest.approx([row["loss"] for row in eager.history],
+                                                                      rel=1e-2, abs=1e-3)
+    counts = compiled.metrics["train"]["compile"]
+    assert counts["graphs"] <= 2 and counts["graph_breaks"] == 0 and counts["cudagraph_skips"] == 0, counts

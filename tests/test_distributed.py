@@ -3,14 +3,13 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from nli_helpers.vertex.launch import ClusterSpecError, cluster_layout, torchrun_command
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 
 def spec(task_type, index=0, workers=0, reducers=0):
@@ -66,12 +65,6 @@ def test_launcher_dry_run_reads_cluster_spec_and_refuses_reduction_servers():
     run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     assert run.returncode == 2 and "Reduction Server pool" in run.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(job_dir, per_device_batch, model_dir, *extra):

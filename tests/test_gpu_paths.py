@@ -19,11 +19,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from localcloud.vertex import free_port
 from nli_helpers import distributed
 from nli_helpers.config import ConfigError, make_config
 from nli_helpers.vertex.entry import replica_gpus
-from tests.helpers import ROOT, VERTEX_ENTRY, run_task
+from tests.helpers import ROOT, VERTEX_ENTRY, free_port, run_task
 
 CUDA = torch.device("cuda", 0)
 
