@@ -157,6 +157,8 @@ def test_cloud_build_builds_this_dockerfile_and_pushes_the_named_image():
     from nli_helpers.vertex import DEFAULT_TORCH_CUDA
 
     assert build["substitutions"] == {"_TORCH_CUDA": DEFAULT_TORCH_CUDA}
+    # A build as a user-specified service account (docs/SECURITY.md) must not write to the default logs bucket.
+    assert build["options"]["logging"] == "CLOUD_LOGGING_ONLY"
 
 
 def test_entry_point_runs_the_vertex_entry_of_the_package(steps):
