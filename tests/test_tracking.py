@@ -97,6 +97,12 @@ def test_default_callbacks_follow_the_config_and_the_environment(tmp_path, monke
     assert local[0].log_dir == str(tmp_path / "job" / "tensorboard")
     assert not (tmp_path / "job").exists()  # nothing is created before the first log
     assert entry.callbacks(cfg, env={}) == []  # off Vertex AI, the entry point adds nothing
+    # A trial known by CLUSTER_SPEC's task.trial alone (Vertex AI's distributed-training page) still reports.
+    spec = {"cluster": {"workerpool0": ["workerpool0-0:2222"]}, "environment": "cloud",
+            "task": {"type": "workerpool0", "index": 0, "trial": "3"}}
+    [report] = entry.callbacks(cfg, env={"CLUSTER_SPEC": json.dumps(spec)})
+    assert isinstance(report, HypertuneCallback) and report.metric == "validation_matched_accuracy"
+    assert entry.callbacks(cfg, env={"CLUSTER_SPEC": json.dumps({**spec, "task": {"type": "workerpool0"}})}) == []
 
     env = {"CLOUD_ML_TRIAL_ID": "2", "AIP_TENSORBOARD_LOG_DIR": "gs://b/hp/2/logs/",
            "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}

@@ -7,8 +7,9 @@ every process under torchrun.
 What Vertex AI adds (each name spelled once, in `environment`):
 - the run folder from AIP_MODEL_DIR and checkpoints in AIP_CHECKPOINT_DIR; with that set, a run
   resumes (`--resume_from_checkpoint auto`): Vertex AI restarts a replica with the same command;
-- TensorBoard into AIP_TENSORBOARD_LOG_DIR; in a tuning trial (CLOUD_ML_TRIAL_ID), or with
-  `--tuning_metric`, the metric reported through cloudml-hypertune after every evaluation;
+- TensorBoard into AIP_TENSORBOARD_LOG_DIR; in a tuning trial (CLOUD_ML_TRIAL_ID or CLUSTER_SPEC's
+  task.trial), or with `--tuning_metric`, the metric reported through cloudml-hypertune after
+  every evaluation;
 - a replica whose pool asked for GPUs (CLUSTER_SPEC) and sees none stops before loading anything;
 - a SIGTERM that left a checkpoint exits 134, a code Vertex AI retries. Under `vertex.launch` a
   marker file tells the launcher so, and a SIGTERM that torchrun sends after another rank failed
@@ -132,10 +133,21 @@ def callbacks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> list[Tra
     out: list[TrainCallback] = []
     if env.get(TENSORBOARD_ENV):
         out.append(TensorBoardCallback(env[TENSORBOARD_ENV]))
-    if cfg.tuning_metric or env.get(TRIAL_ID_ENV):  # else the legacy tag, else the default
+    if cfg.tuning_metric or in_tuning_trial(env):  # else the legacy tag, else the default
         out.append(HypertuneCallback(cfg.tuning_metric or env.get(METRIC_TAG_ENV)
                                      or DEFAULT_HYPERTUNE_METRIC))
     return out
+
+
+def in_tuning_trial(env: Mapping[str, str] = os.environ) -> bool:
+    """CLOUD_ML_TRIAL_ID, which cloudml-hypertune reads, or CLUSTER_SPEC's `task.trial`, "only set
+    if the current training job is a hyperparameter tuning job" (https://cloud.google.com/
+    vertex-ai/docs/training/distributed-training, CLUSTER_SPEC): either one is a trial."""
+    try:
+        trial = json.loads(env.get(CLUSTER_SPEC_ENV) or "{}").get("task", {}).get("trial")
+    except (ValueError, AttributeError):
+        trial = None
+    return bool(env.get(TRIAL_ID_ENV) or trial)
 
 
 def parse_hypertune_metric(metric: str) -> tuple[str, str]:
