@@ -36,10 +36,11 @@ def compile_for_training(net, model, device: torch.device, cfg: TrainConfig):
     return torch.compile(net, mode="reduce-overhead" if graphs else None)
 
 
-def counters(since: dict | None = None) -> dict:
+def counters(since: dict | None = None, loader=None, pairs: int = 0) -> dict:
     """Dynamo's and inductor's counts for this process (minus `since`): graphs compiled, graph
     breaks, recompiles (a frame compiled again: dynamo numbers each frame's compiles) and
-    CUDA-graph skips (a compiled graph that ran without CUDA graphs, e.g. a CPU tensor input)."""
+    CUDA-graph skips (a compiled graph that ran without CUDA graphs, e.g. a CPU tensor input);
+    given the training loader and its `pairs`, the pairs its short last batch left out."""
     from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
     from torch._dynamo.utils import counters as dynamo
 
@@ -47,4 +48,7 @@ def counters(since: dict | None = None) -> dict:
            "graph_breaks": sum(dynamo["graph_break"].values()),
            "recompiles": sum(n - 1 for n in FRAME_COMPILE_COUNTER.values() if n > 1),
            "cudagraph_skips": dynamo["inductor"]["cudagraph_skips"]}
-    return now if since is None else {key: now[key] - since[key] for key in now}
+    if since is None:
+        return now
+    kept = len(loader) * loader.batch_sampler.size if loader is not None else pairs
+    return {**{key: now[key] - since[key] for key in now}, "dropped_per_epoch": pairs - kept}

@@ -201,8 +201,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
     if cfg.torch_compile:  # graphs bounded by kinds of shape; growing with the run: a bug
-        dropped = len(tokenized["train"]) % (cfg.per_device_train_batch_size * info.world_size)
-        metrics["train"]["compile"] = {**compiled.counters(before), "dropped_per_epoch": dropped}
+        metrics["train"]["compile"] = compiled.counters(before, loader, len(tokenized["train"]))
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)
@@ -321,10 +320,6 @@ def live_progress(stream=None) -> bool:
     return tty or (bool(shell) and "IPKernelApp" in getattr(shell, "config", {}))
 
 
-def log_line(text: str) -> None:
-    print(text, file=sys.stdout, flush=True)  # flushed: a collected log has it at once
-
-
 class TrainLog:
     def __init__(self, cfg: TrainConfig, info: dist.DistInfo, total_steps: int, state: LoopState,
                  callbacks: Sequence[TrainCallback]):
@@ -370,7 +365,7 @@ class TrainLog:
         self.bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{rows[-1]['lr']:.2e}",
                              ex_s=f"{rows[-1]['examples_per_s']:.1f}")
         if self.lines:
-            log_line(progress_line(rows, self.total_steps))
+            print(progress_line(rows, self.total_steps), flush=True)  # flushed: logs get it at once
         for callback in self.callbacks:
             callback.on_log(rows)
 
@@ -383,7 +378,7 @@ class TrainLog:
 
     def message(self, text: str) -> None:
         if self.info.is_main:
-            log_line(text) if self.lines or self.bar.disable else self.bar.write(text)
+            print(text, flush=True) if self.lines or self.bar.disable else self.bar.write(text)
 
     def close(self) -> None:
         self.bar.close()
