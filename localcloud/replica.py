@@ -3,6 +3,9 @@
 localcloud/rules.py decides when replicas start, stop and restart; this module only does it, the way a
 container runtime would: a replica's processes form one group (its own session), a stop is SIGTERM to the
 first process and SIGKILL to every process after the grace period, and each attempt writes its own log file.
+The first process is the container's PID 1, which gets a SIGTERM only if it has a handler for it: "a process
+in an ancestor namespace can [...] send signals to the "init" process of a child PID namespace only if the
+"init" process has established a handler for that signal" (pid_namespaces(7)); SIGKILL always arrives.
 """
 
 from __future__ import annotations
@@ -57,10 +60,21 @@ class Replica:
         return path.read_text(errors="replace") if path and path.exists() else ""
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (SigCgt in /proc/PID/status, a hex mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 def stop_all(replicas: list[Replica], grace_s: float) -> None:
-    """Stop these containers together: SIGTERM to each first process, SIGKILL to all after `grace_s`."""
+    """Stop these containers together: SIGTERM to each first process that handles it (PID 1 drops it
+    otherwise), SIGKILL to all after `grace_s`."""
     for replica in replicas:
-        if replica.running():
+        if replica.running() and catches(replica.process.pid, signal.SIGTERM):
             replica.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for replica in replicas:

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+import localcloud.replica
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.run import RunStopped, run_training
 from nli_helpers.train import TrainCallback
 from nli_helpers.vertex.entry import stopped_exit
+from nli_helpers.vertex.environment import RESTARTABLE_EXIT_CODE
+from tests.helpers import ROOT
 
 
 class SigtermAt(TrainCallback):
@@ -89,3 +95,36 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
         run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto"))
     with pytest.raises(NLIError, match=r"eval_fraction \(0.1 -> 0.2\)"):
         run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto", eval_fraction=0.2))
+
+
+def sigterm_caught(pid: int) -> bool:
+    return localcloud.replica.catches(pid, signal.SIGTERM)
+
+
+def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_retries(tmp_path):
+    """The image's entry point takes SIGTERM from its first lines: during the imports (seconds) and the loading that
+    follow, a preemption exits 134, which Vertex AI retries, instead of dying by the signal or, as PID 1, waiting
+    for SIGKILL (pid_namespaces(7): PID 1 gets only the signals it handles)."""
+    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.vertex.entry", "--data", "sample"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not sigterm_caught(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)  # as soon as the handler is in: the trainer's imports follow it
+    assert proc.wait(timeout=30) == RESTARTABLE_EXIT_CODE
+    assert "SIGTERM before training started: exiting 134" in proc.stderr.read()
+
+
+def test_the_stand_in_drops_a_sigterm_its_first_process_does_not_handle(tmp_path):
+    """localcloud's replica is a container: its first process is PID 1, which a SIGTERM reaches only through a
+    handler; without one the process runs on until SIGKILL at the end of the grace period."""
+    handles = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); print(1, flush=True); time.sleep(60)"
+    ignores = "import time; print(1, flush=True); time.sleep(60)"
+    replicas = [localcloud.replica.Replica(name, "container_spec", [sys.executable, "-c", code], dict(os.environ),
+                                           tmp_path) for name, code in (("handles", handles), ("ignores", ignores))]
+    for replica in replicas:
+        replica.start()
+    while not all(replica.log_text().strip() for replica in replicas):  # both past their first line
+        time.sleep(0.01)
+    localcloud.replica.stop_all(replicas, grace_s=1.0)
+    assert [replica.process.returncode for replica in replicas] == [3, -signal.SIGKILL]

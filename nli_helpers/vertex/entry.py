@@ -18,22 +18,10 @@ What Vertex AI adds (each name spelled once, in `environment`):
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
-
-import hypertune
-import torch
-
-from nli_helpers.config import ConfigError, TrainConfig
-from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
-from nli_helpers.run import RunStopped
-from nli_helpers.task import Platform, command
-from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
-from nli_helpers.train import TrainCallback
 
 from .environment import (
     CHECKPOINT_DIR_ENV,
@@ -47,6 +35,53 @@ from .environment import (
     TENSORBOARD_ENV,
     TRIAL_ID_ENV,
 )
+
+
+# -- from the first line: a SIGTERM before training starts ----------------------------------------
+def exit_before_training(signum: int, frame=None) -> None:
+    """The entry point's SIGTERM handler until training starts (`run.sigterm_requests` then takes
+    over). Without it the imports and loading (seconds to minutes) die by the signal or, as a
+    container's PID 1, ignore it until SIGKILL: neither is an exit Vertex AI retries. Nothing is
+    lost yet, so exit at once as a preempted run does (not when torchrun stops the surviving
+    ranks after one failed: that is no preemption)."""
+    if stopped_by_torchrun_after_a_failure():
+        os._exit(128 + signum)
+    mark_preempted()
+    os.write(2, f"SIGTERM before training started: exiting {RESTARTABLE_EXIT_CODE}, an exit code "
+                "Vertex AI retries\n".encode())
+    os._exit(RESTARTABLE_EXIT_CODE)
+
+
+def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
+    """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
+    the surviving ranks after one failed (the launcher marks a preemption first)."""
+    markers = env.get(PREEMPTED_MARKERS_ENV)
+    return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
+
+
+def mark_preempted(env: Mapping[str, str] = os.environ) -> None:
+    """Under `vertex.launch`, tell the launcher this rank stopped for a SIGTERM, not an error."""
+    folder = env.get(PREEMPTED_MARKERS_ENV)
+    if folder and os.path.isdir(folder):
+        Path(folder, f"rank-{env.get('RANK', '0')}").write_text("preempted\n")
+
+
+if __name__ == "__main__":  # first thing: the imports below take seconds
+    signal.signal(signal.SIGTERM, exit_before_training)
+
+import dataclasses  # the trainer's imports, after the handler (pyproject.toml: E402 here)
+import functools
+import json
+
+import hypertune
+import torch
+
+from nli_helpers.config import ConfigError, TrainConfig
+from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
+from nli_helpers.run import RunStopped
+from nli_helpers.task import Platform, command
+from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
+from nli_helpers.train import TrainCallback
 
 DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
@@ -199,17 +234,8 @@ def stopped_exit(stopped: RunStopped, env: Mapping[str, str] = os.environ) -> tu
     """134 (retried; the restart resumes) after a checkpoint, 143 (not retried) without one."""
     if stopped.checkpoint is None:
         return PERMANENT_STOP_EXIT_CODE, ", an exit Vertex AI does not retry"
-    folder = env.get(PREEMPTED_MARKERS_ENV)
-    if folder and os.path.isdir(folder):  # tell vertex.launch it was a SIGTERM, not an error
-        Path(folder, f"rank-{env.get('RANK', '0')}").write_text("preempted\n")
+    mark_preempted(env)
     return RESTARTABLE_EXIT_CODE, ", an exit code Vertex AI retries; the restarted job resumes"
-
-
-def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
-    """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
-    the surviving ranks after one failed (the launcher marks a preemption first)."""
-    markers = env.get(PREEMPTED_MARKERS_ENV)
-    return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
 
 
 VERTEX_AI = Platform(configure=configure, callbacks=callbacks, stopped=stopped_exit,
