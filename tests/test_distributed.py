@@ -8,7 +8,12 @@ import sys
 
 import pytest
 
-from nli_helpers.vertex.launch import ClusterSpecError, cluster_layout, torchrun_command
+from nli_helpers.vertex.launch import (
+    ClusterSpecError,
+    avoid_a_small_shm,
+    cluster_layout,
+    torchrun_command,
+)
 from tests.helpers import ROOT, free_port
 
 
@@ -139,3 +144,23 @@ def test_two_compiled_gloo_processes_match_one_eager_process(tmp_path, tiny_mode
     compile_counts = m2["train"]["compile"]
     assert compile_counts["graphs"] <= 2 and compile_counts["recompiles"] <= 2, compile_counts
     assert compile_counts["dropped_per_epoch"] == 0 and compile_counts["cudagraph_skips"] == 0
+
+
+def test_the_launcher_turns_nccls_shared_memory_off_where_dev_shm_is_a_containers_64_mb(tmp_path, monkeypatch,
+                                                                                          capsys):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(shm)], capture_output=True).returncode:
+        pytest.skip("mounting a 64 MB tmpfs needs root")
+    monkeypatch.setenv("NCCL_SHM_DISABLE", "unset at the end")
+    try:
+        monkeypatch.delenv("NCCL_SHM_DISABLE")
+        avoid_a_small_shm(1, str(shm))  # one process per node: no NCCL peers on it
+        assert "NCCL_SHM_DISABLE" not in os.environ
+        avoid_a_small_shm(2, str(tmp_path))  # a disk's size: room enough
+        assert "NCCL_SHM_DISABLE" not in os.environ
+        avoid_a_small_shm(2, str(shm))
+        assert os.environ["NCCL_SHM_DISABLE"] == "1"
+        assert f"[launch] {shm} holds 64 MB" in capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", str(shm)], check=True)

@@ -130,15 +130,29 @@ def main(argv: list[str] | None = None) -> int:
         print("error: this replica is in the Reduction Server pool; give that pool the "
               "reduction-server container image, not the trainer", file=sys.stderr)
         return 2
-    command = torchrun_command(layout, args.nproc_per_node or processes_per_node(), task_args,
+    nproc = args.nproc_per_node or processes_per_node()
+    command = torchrun_command(layout, nproc, task_args, max_restarts=args.max_restarts,
                                rendezvous_timeout_s=args.rendezvous_timeout,
-                               max_restarts=args.max_restarts,
                                shutdown_timeout_s=args.shutdown_timeout)
+    avoid_a_small_shm(nproc)
     print(f"[launch] {layout.role} node {layout.node_rank}/{layout.nnodes}: "
           f"{shlex.join(command)}", flush=True)
     if args.dry_run:
         return 0
     return run_torchrun(command)
+
+
+def avoid_a_small_shm(nproc: int, path: str = "/dev/shm") -> None:
+    """NCCL's shared-memory transport between a node's GPUs makes its segments in /dev/shm, which
+    a container may get at Docker's 64 MB: with several GPUs a job then fails at its first
+    collective ("Error while creating shared memory segment", python-aiplatform#3434). Under
+    1 GiB, NCCL_SHM_DISABLE=1 (NVIDIA's NCCL environment variables page): NVLink, PCIe P2P or
+    sockets carry the traffic instead."""
+    size = shutil.disk_usage(path).total if os.path.isdir(path) else 2**40
+    if nproc > 1 and size < 2**30 and "NCCL_SHM_DISABLE" not in os.environ:
+        os.environ["NCCL_SHM_DISABLE"] = "1"
+        print(f"[launch] {path} holds {size / 2**20:.0f} MB, too little for NCCL's shared memory "
+              "between GPUs: NCCL_SHM_DISABLE=1", file=sys.stderr)
 
 
 def run_torchrun(command: list[str]) -> int:
