@@ -12,7 +12,8 @@ REAL_DATA_ENV := $(if $(wildcard $(REAL_DATA)),NLI_REAL_DATA=$${NLI_REAL_DATA:-$
 # https://download.pytorch.org/whl/cpu"; it lists torch-2.13.0+cpu for cp311 on x86_64 and aarch64). PyPI's
 # default Linux torch is the CUDA 13.0 build with several GB of nvidia-* wheels (PyTorch 2.13 release notes).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
-# papermill's parameter file for make demo: notebooks/params/smoke.yaml, or full.yaml on a GPU machine.
+# papermill's parameter files for make demo, later ones overriding: notebooks/params/smoke.yaml, full.yaml on a GPU
+# machine, or "notebooks/params/full.yaml notebooks/params/rehearsal.yaml": the full path on the CPU in minutes.
 PARAMS ?= notebooks/params/smoke.yaml
 
 .PHONY: help venv browser demo demo-notebooks train-smoke bench gpu-check image-check test fuzz test-fast lint constraints clean
@@ -58,7 +59,7 @@ demo-notebooks:
 	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
 	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
 	  start=$$(date +%s); echo "$$nb ..."; \
-	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks -f $(PARAMS) \
+	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks $(PARAMS:%=-f %) \
 	    "$$(pwd)/$$nb" "$$out/$$(basename $$nb)" || exit 1; \
 	  echo "  ok in $$(( $$(date +%s) - start ))s"; \
 	done; echo "executed notebooks: $$out"
