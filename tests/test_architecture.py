@@ -84,13 +84,14 @@ def test_every_package_module_is_placed_in_a_layer():
 
 def test_the_loop_imports_at_most_five_siblings():
     """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
-    distributed, data, checkpoint, and step, which holds the pieces of a step that train.py used to). Cloud Storage
-    never reaches it: checkpoints and TensorBoard write through `files`."""
+    distributed, data, checkpoint, and step, which holds the pieces of a step that train.py used to), besides
+    `compiled`, which only a compiled run imports, in the one `if cfg.torch_compile` block. Cloud Storage never
+    reaches it: checkpoints and TensorBoard write through `files`."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.level == 1 and node.module is None for alias in node.names}
-    assert len(siblings - {None}) <= 5, f"train.py imports {sorted(siblings - {None})}"
+    assert len(siblings - {None, "compiled"}) <= 5, f"train.py imports {sorted(siblings - {None})}"
 
 
 def imported_packages(path: Path) -> set[str]:
