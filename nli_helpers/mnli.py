@@ -56,13 +56,15 @@ def find_dev_matched() -> Found:
         return Found(SHARED_FILE, "../shared/data/mnli_dev_matched.jsonl beside the checkout")
     try:
         # Lazy: the hub client reads HF_ENDPOINT and HF_HUB_OFFLINE when it is first imported.
-        from huggingface_hub import hf_hub_download
+        import huggingface_hub as hub
 
-        path = hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset", revision=HUB_REVISION)
+        # Not cached: one quick request first. Offline, the client's own retries take ~20 s.
+        where = {"repo_type": "dataset", "revision": HUB_REVISION}
+        if not hub.try_to_load_from_cache(HUB_REPO, HUB_FILE, **where):
+            hub.get_hf_file_metadata(hub.hf_hub_url(HUB_REPO, HUB_FILE, **where), timeout=5)
+        path = hub.hf_hub_download(HUB_REPO, HUB_FILE, **where)
     except Exception as e:  # offline, unreachable, refused: all mean "not on this machine"
         reason = (str(e).strip() or type(e).__name__).split(". ")[0].splitlines()[0][:200]
-        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-            reason = "HF_HUB_OFFLINE is set, and huggingface_hub's cache has no copy"
         raise NotFound(f"no MultiNLI on this machine: no ../shared/data beside the checkout, and "
                        f"the Hugging Face hub's {HUB_REPO} could not be read ({reason})") from e
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")

@@ -8,10 +8,12 @@ file first, which is what a clone with no ../shared beside it sees."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pandas as pd
 import pytest
@@ -62,10 +64,11 @@ def test_a_fresh_clone_trains_on_multinli_from_the_hub_then_from_its_cache_offli
     assert online["data"] == MNLI_SUBSET and online["epochs"] == 2, online  # the real-data recipe
     assert "the Hugging Face hub (nyu-mll/multi_nli, validation_matched" in online["source"], online
     assert "data: real MultiNLI from the Hugging Face hub" in said  # the one line naming the source
-    # huggingface_hub asked for the one pinned file, HEAD then GET, once; offline, the cache answered.
+    # The one pinned file: our quick HEAD (no retries), then huggingface_hub's HEAD and GET, once; offline, the
+    # cache answered.
     resolve = f"/datasets/{REPO}/resolve/{mnli.HUB_REVISION}/{FILE}"
     asked = [r for r in hub.requests if r.split()[1].startswith("/datasets/")]  # not its /api/ side calls
-    assert asked == [f"HEAD {resolve}", f"GET {resolve}"], hub.requests
+    assert asked == [f"HEAD {resolve}", f"HEAD {resolve}", f"GET {resolve}"], hub.requests
     assert offline["data"] == MNLI_SUBSET and offline["rows"] == online["rows"], offline
     # The hub's copy gives exactly the pairs ../shared/data gives: the same rule, the same split.
     here = load_nli_splits(MNLI_SUBSET)
@@ -84,6 +87,34 @@ def test_offline_with_nothing_cached_the_sample_trains_and_says_what_to_do(tmp_p
     named, _ = newcomer({"HF_HOME": str(tmp_path / "empty-hf-home"), "HF_HUB_OFFLINE": "1"}, MNLI_SUBSET)
     assert named["error"].startswith("DataError: --data mnli-subset: no MultiNLI on this machine"), named
     assert "reach the Hugging Face hub once" in named["error"] and "--data sample" in named["error"]
+
+
+def test_a_hub_that_fails_is_asked_once_then_the_sample_trains(tmp_path):
+    """A hub that answers 503 (or cannot be reached) is asked once: huggingface_hub's own retries, five with
+    back-off, took about 20 s and printed a line each before the fallback note in every notebook."""
+    asked = []
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            asked.append(self.path)
+            self.send_response(503)
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result, said = newcomer({"HF_HOME": str(tmp_path / "empty-hf-home"),
+                                 "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"})
+    finally:
+        server.shutdown()
+    files = [path for path in asked if path.startswith("/datasets/")]  # not huggingface_hub's /api/ side calls
+    assert result["data"] == "sample" and len(files) == 1, asked
+    assert "503" in said and "Retrying" not in said, said
 
 
 def test_the_stand_in_refuses_what_the_hub_would(real_data_path, tmp_path):
