@@ -2,7 +2,7 @@
 
 What is checked here: one `parameters` cell right after the imports, every parameter a TrainConfig
 field of the same type or a documented notebook-only one, the params/*.yaml files use known names
-with the right types, short cells with prose before each, the STYLE.md outline, and outputs
+with the right types, short cells with prose before each, the STYLE.md outline, the markdown within its word budgets, and outputs
 stripped (correctness comes from assert cells, so there must be some, and no NBVAL_CHECK_OUTPUT
 marker that a stripped notebook would silently skip).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -177,6 +178,42 @@ def test_outline_follows_style(path):
     positions = [next((i for i, text in enumerate(markdown) if text.startswith(h)), None) for h in OUTLINE]
     assert None not in positions, dict(zip(OUTLINE, positions))
     assert positions == sorted(positions), "outline sections out of order"
+
+
+# Issue 38's word budgets for the markdown, counted exactly as the shared tool ../shared/tools/notebook_words.py
+# counts them (copied, since a fresh clone has nothing beside it): a word is a run of letters or digits with inner
+# apostrophes and hyphens, in the joined source of every markdown cell; "before" is the cells ahead of the first
+# code cell. The HF course gets to code within a paragraph; so does each notebook here.
+WORD = re.compile(r"\b\w[\w'-]*\b")
+MAX_WORDS, MAX_WORDS_PER_NOTEBOOK, MAX_WORDS_BEFORE_CODE = 11_000, 2_400, 200
+
+
+def markdown_words(path: Path) -> tuple[int, int]:
+    """(words of markdown in the notebook, words of it before the first code cell)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    counts = [len(WORD.findall("".join(c["source"]))) if c["cell_type"] == "markdown" else 0 for c in cells]
+    first = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
+    return sum(counts), sum(counts[:first])
+
+
+def test_word_rule_counts_as_the_shared_tool_does():
+    # contractions and hyphenated words are one word; backticks, links' punctuation and numbers' commas split
+    assert WORD.findall("Don't two-epoch `tokenizer(premise, hypothesis)` 2,994 [a](https://x.org/b-c)") == [
+        "Don't", "two-epoch", "tokenizer", "premise", "hypothesis", "2", "994", "a", "https", "x", "org", "b-c"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_markdown_within_its_word_budget(path):
+    words, before_code = markdown_words(path)
+    assert words <= MAX_WORDS_PER_NOTEBOOK, (
+        f"{path.name} has {words} words of markdown (at most {MAX_WORDS_PER_NOTEBOOK}): cut repetition, not lessons")
+    assert before_code <= MAX_WORDS_BEFORE_CODE, (
+        f"{path.name} has {before_code} words before its first code cell (at most {MAX_WORDS_BEFORE_CODE})")
+
+
+def test_notebooks_markdown_within_the_total_budget():
+    total = sum(markdown_words(path)[0] for path in NOTEBOOKS)
+    assert total <= MAX_WORDS, f"the notebooks hold {total} words of markdown (at most {MAX_WORDS})"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
