@@ -62,6 +62,11 @@ def test_environment_pins_equal_the_constraints():
     assert {name: pins.get(name) for name in env} == env
 
 
+def test_environment_installs_every_other_package_at_the_constraints_too():
+    assert environment_pip()[0] == "-c constraints.txt"  # what the runtime extras pull in, not only the 28 named
+    assert (ROOT / "constraints.txt").is_file()
+
+
 def test_environment_installs_the_package_with_its_runtime_extras_not_dev():
     [editable] = [r for r in environment_pip() if r.startswith("-e ")]
     assert editable == f"-e .[{','.join(RUNTIME_EXTRAS)}]", editable
