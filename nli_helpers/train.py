@@ -365,7 +365,7 @@ class TrainLog:
         self.bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{rows[-1]['lr']:.2e}",
                              ex_s=f"{rows[-1]['examples_per_s']:.1f}")
         if self.lines:
-            print(progress_line(rows, self.total_steps), flush=True)  # flushed: logs get it at once
+            print(progress_line(rows, self.total_steps, seconds), flush=True)  # flushed
         for callback in self.callbacks:
             callback.on_log(rows)
 
@@ -384,9 +384,11 @@ class TrainLog:
         self.bar.close()
 
 
-def progress_line(rows: list[dict], total_steps: int) -> str:
-    """One plain log line for the newest interval: step, epoch, mean loss, lr, throughput."""
+def progress_line(rows: list[dict], total_steps: int, seconds: float = 0.0) -> str:
+    """One plain log line for the newest interval (`seconds` long): step, epoch, mean loss, lr,
+    throughput, and the time left at this interval's pace."""
     last, loss = rows[-1], np.mean([r["loss"] for r in rows])
+    left = seconds / len(rows) * (total_steps - last["step"]) / 60
     return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {loss:.4f} "
             f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s "
-            f"{last.get('tokens_per_s', 0):.0f} tokens/s")
+            f"{last.get('tokens_per_s', 0):.0f} tokens/s {left:.1f} min to go")

@@ -211,7 +211,7 @@ def test_a_collected_log_holds_one_plain_line_per_log_interval_and_no_bar(tmp_pa
     assert "\r" not in output  # no carriage-return bar, from us or from datasets/transformers
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["3/12", "6/12", "9/12", "12/12"], proc.stdout
-    assert all(re.fullmatch(r"step \d+/12 epoch [\d.]+ loss \d+\.\d{4} lr \S+ [\d.]+ examples/s \d+ tokens/s", line)
+    assert all(re.fullmatch(r"step \d+/12 epoch [\d.]+ loss \d+\.\d{4} lr \S+ [\d.]+ examples/s \d+ tokens/s [\d.]+ min to go", line)
                for line in lines), lines
     assert len([line for line in proc.stdout.splitlines() if line.startswith("eval step 12/12")]) == 1
 
