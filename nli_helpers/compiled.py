@@ -40,7 +40,7 @@ def counters(since: dict | None = None, loader=None, pairs: int = 0) -> dict:
     """Dynamo's and inductor's counts for this process (minus `since`): graphs compiled, graph
     breaks, recompiles (a frame compiled again: dynamo numbers each frame's compiles) and
     CUDA-graph skips (a compiled graph that ran without CUDA graphs, e.g. a CPU tensor input);
-    given the training loader and its `pairs`, the pairs its short last batch left out."""
+    with `since`, also the pairs of the training loader's `pairs` that its epochs leave out."""
     from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
     from torch._dynamo.utils import counters as dynamo
 
@@ -50,5 +50,5 @@ def counters(since: dict | None = None, loader=None, pairs: int = 0) -> dict:
            "cudagraph_skips": dynamo["inductor"]["cudagraph_skips"]}
     if since is None:
         return now
-    kept = len(loader) * loader.batch_sampler.size if loader is not None else pairs
-    return {**{key: now[key] - since[key] for key in now}, "dropped_per_epoch": pairs - kept}
+    dropped = pairs - len(loader) * loader.batch_sampler.size  # an epoch's batches keep the rest
+    return {**{key: now[key] - since[key] for key in now}, "dropped_per_epoch": dropped}

@@ -97,10 +97,6 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
         run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto", eval_fraction=0.2))
 
 
-def sigterm_caught(pid: int) -> bool:
-    return localcloud.replica.catches(pid, signal.SIGTERM)
-
-
 def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_retries(tmp_path):
     """The image's entry point takes SIGTERM from its first lines: during the imports (seconds) and the loading that
     follow, a preemption exits 134, which Vertex AI retries, instead of dying by the signal or, as PID 1, waiting
@@ -108,7 +104,7 @@ def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_re
     proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.vertex.entry", "--data", "sample"], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not sigterm_caught(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+    while not localcloud.replica.catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)  # as soon as the handler is in: the trainer's imports follow it
     assert proc.wait(timeout=30) == RESTARTABLE_EXIT_CODE
