@@ -36,9 +36,9 @@ class Replica:
         return self.name == "workerpool0-0"
 
     def start(self) -> None:
-        self.attempt, self.preempted, self.finished = self.attempt + 1, None, False
         (self.workdir / self.name).mkdir(parents=True, exist_ok=True)
-        self.logs.append(self.workdir / f"{self.name}.attempt-{self.attempt}.log")
+        self.logs.append(self.workdir / f"{self.name}.attempt-{self.attempt + 1}.log")
+        self.attempt, self.preempted, self.finished = self.attempt + 1, None, False
         with open(self.logs[-1], "w") as log:
             self.process = subprocess.Popen(self.command, cwd=self.workdir / self.name, env=self.env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -56,8 +56,10 @@ class Replica:
             self.process.wait()
 
     def log_text(self, attempt: int | None = None) -> str:
-        path = self.logs[(attempt or self.attempt) - 1] if self.logs else None
-        return path.read_text(errors="replace") if path and path.exists() else ""
+        """One attempt's log; the newest by default (start() appends it before the attempt counter moves
+        on, and the fake's loop thread may start a replica while a test's thread reads)."""
+        logs = self.logs[attempt - 1:attempt] if attempt else self.logs[-1:]
+        return logs[0].read_text(errors="replace") if logs and logs[0].exists() else ""
 
 
 def catches(pid: int, signum: int) -> bool:
