@@ -28,7 +28,7 @@ help:
 	@echo "make image-check  resolve every install step of docker/Dockerfile against PyPI and Debian's index"
 	@echo "make lint | constraints | clean"
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml localcloud/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1 || echo missing); this project needs Python 3.11 or" \
 	       "newer (numpy 2.4, pandas 3.1 and transformers 5.23 do). Install one and run make PYTHON=python3.11"; exit 1; }
@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  else echo "no NVIDIA GPU, but $(TORCH_CPU_INDEX) cannot be reached: installing the default $$torch"; \
 	    $(PIP_INSTALL) $$torch || exit 1; fi; \
 	else echo "installing $$torch (PyPI's default build: CUDA 13.0 on Linux)"; $(PIP_INSTALL) $$torch || exit 1; fi
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP_INSTALL) -e ".[dev]" -e ./localcloud
 	touch $@
 
 venv: $(STAMP)

@@ -68,8 +68,8 @@ def test_environment_installs_every_other_package_at_the_constraints_too():
 
 
 def test_environment_installs_the_package_with_its_runtime_extras_not_dev():
-    [editable] = [r for r in environment_pip() if r.startswith("-e ")]
-    assert editable == f"-e .[{','.join(RUNTIME_EXTRAS)}]", editable
+    editable = [r for r in environment_pip() if r.startswith("-e ")]
+    assert editable == [f"-e .[{','.join(RUNTIME_EXTRAS)}]", "-e ./localcloud"], editable
 
 
 def test_every_runtime_dependency_is_pinned_in_environment_and_constraints():

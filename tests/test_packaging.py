@@ -9,7 +9,10 @@ and notebook 03, the local Vertex fake's jobs and these tests share it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tarfile
+import zipfile
 
 from nli_helpers.config import make_config
 from nli_helpers.vertex import build_sdist, packaging
@@ -29,6 +32,16 @@ def test_sdist_holds_the_package_and_its_sample_and_nothing_else(tmp_path):
     unwanted = sorted(n for n in names if n.split("/")[0] in ("tests", "runs", ".venv", "notebooks", "dist", "build",
                                                                "benchmarks", "docker", ".git"))
     assert not unwanted, f"the sdist should hold only the package: {unwanted}"
+
+
+def test_the_wheel_holds_the_package_and_its_license_and_nothing_else(tmp_path):
+    """`pip wheel .` from the checkout: localcloud/ (the practice stand-ins) is a project of its own."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path), str(ROOT)], check=True)
+    [wheel] = tmp_path.glob("nli_helpers-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"nli_helpers", "nli_helpers-0.1.0.dist-info"}, tops
+    assert "nli_helpers-0.1.0.dist-info/licenses/LICENSE" in zipfile.ZipFile(wheel).namelist()
 
 
 def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sdist_path, tmp_path):
