@@ -9,6 +9,7 @@ and notebook 03, the local Vertex fake's jobs and these tests share it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,9 +36,12 @@ def test_sdist_holds_the_package_and_its_sample_and_nothing_else(tmp_path):
 
 
 def test_the_wheel_holds_the_package_and_its_license_and_nothing_else(tmp_path):
-    """`pip wheel .` from the checkout: localcloud/ (the practice stand-ins) is a project of its own."""
+    """`pip wheel .` in a copy of the checkout (setuptools leaves build/ behind, and a stale build/lib would go into
+    the next wheel): localcloud/ (the practice stand-ins) is a project of its own."""
+    tree = shutil.copytree(ROOT, tmp_path / "checkout", ignore=shutil.ignore_patterns(
+        ".*", "runs", "build", "dist", "*.egg-info", "__pycache__", "notebooks", "benchmarks", "tests"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path), str(ROOT)], check=True)
+                    "--wheel-dir", str(tmp_path), str(tree)], check=True)
     [wheel] = tmp_path.glob("nli_helpers-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"nli_helpers", "nli_helpers-0.1.0.dist-info"}, tops
