@@ -41,16 +41,22 @@ https://docs.cloud.google.com/gemini-enterprise-agent-platform/machine-learning/
    starts it again with the same hostname, command and environment. The page gives no limit to these
    restarts and no grace period: the fake sets no limit and stops with its `grace_s` (30 s by
    default, a Spot VM's: rule 6).
-6. Spot preemption (SPOT, "Preemption handling"): "When Spot VMs are preempted, the serverless
-   training job fails with a `STOCKOUT` error and Compute Engine tries to restart the job up to six
-   times." So `preempt(job, replica, kind="spot")`, allowed only for a job with scheduling.strategy
-   SPOT, stops that replica as in rule 5, then every other one, and starts the WHOLE job again; the
-   seventh preemption ends it FAILED with the stockout message of TRAINING_SERVICE's "Handle common
-   errors" table: "Resources are insufficient in region: REGION_NAME. Try a different region or use
-   a different accelerator." (SPOT names the error, not its message: that row's message is the
-   fake's choice.) Grace period: Compute Engine's preemption process sends "a preemption notice to
-   the instance in the form of an ACPI G2 Soft Off signal" and, "If the instance does not stop after
-   30 seconds", "an ACPI G3 Mechanical Off signal"
+6. Spot preemption. The two pages give a preempted job two limits (both read again 2026-11-27):
+   SPOT ("Preemption handling"): "When Spot VMs are preempted, the serverless training job fails
+   with a `STOCKOUT` error and Compute Engine tries to restart the job up to six times."
+   TRAINING_SERVICE ("Handle common errors", the row "Insufficient capacity in your region (Compute
+   Engine stockout)"): "A stockout happens when Compute Engine is at capacity for your selected CPU
+   or GPU in your region. It is unrelated to your project quota. When this happens, Agent Platform
+   attempts to restart the job up to three times." The fake follows the table, the lower number: a
+   job that survives the fake's restarts then survives Vertex's whichever page is right (a stand-in
+   more lenient than the service would hide failures), and the table's row is also the one that
+   gives the message (SPOT names the error, not its message). So `preempt(job, replica,
+   kind="spot")`, allowed only for a job with scheduling.strategy SPOT, stops that replica as in
+   rule 5, then every other one, and starts the WHOLE job again; the fourth preemption ends it
+   FAILED with that row's message: "Resources are insufficient in region: REGION_NAME. Try a
+   different region or use a different accelerator." Grace period: Compute Engine's preemption
+   process sends "a preemption notice to the instance in the form of an ACPI G2 Soft Off signal"
+   and, "If the instance does not stop after 30 seconds", "an ACPI G3 Mechanical Off signal"
    (https://cloud.google.com/compute/docs/instances/preemptible#preemption-process, read as quoted
    in a public repository; Vertex documents none of its own).
 7. Non-zero exits (TRAINING_SERVICE): "If any worker exits with a non-zero exit code, Vertex AI
@@ -127,7 +133,7 @@ PUBLISHED_PYTORCH_IMAGES = {
 PREBUILT_HOSTS = ("us-docker.pkg.dev", "europe-docker.pkg.dev", "asia-docker.pkg.dev")
 DEFAULT_ENTRYPOINT = ["python", "-m", "nli_helpers.vertex.entry"]  # docker/Dockerfile's ENTRYPOINT
 TRANSIENT_EXIT_CODES = {"container_spec": {134, 139}, "python_package_spec": {6, 11}}  # rule 7
-MAX_JOB_RETRIES, MAX_SPOT_RESTARTS = 3, 6  # rules 7 and 6
+MAX_JOB_RETRIES, MAX_SPOT_RESTARTS = 3, 3  # rules 7 and 6 (the lower of rule 6's two numbers)
 SPOT_GRACE_S = 30.0  # rule 6
 JOB_TIMEOUT_S = 900.0  # rule 9: the fake's safety limit for a job that sets no scheduling.timeout
 TERMINAL = {JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED}

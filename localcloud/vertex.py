@@ -103,7 +103,7 @@ class FakeVertex:
     def preempt(self, name: str, replica: str = "workerpool0-0", *, kind: str, hard: bool = False,
                 grace_s: float | None = None) -> None:
         """Take the VM under `replica` away: `kind="maintenance"` restarts that replica on another
-        VM (rule 5); `kind="spot"` (a Spot job only) restarts the whole job, at most six times (rule 6)."""
+        VM (rule 5); `kind="spot"` (a Spot job only) restarts the whole job, at most three times (rule 6)."""
         job = self.jobs[name]
         rules.preempt(job, job.replicas[replica], kind=kind, hard=hard,
                       grace_s=self.grace_s if grace_s is None else grace_s)
