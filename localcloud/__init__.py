@@ -12,10 +12,11 @@ What `make demo`, the notebooks under nbval and the tests use instead of the clo
   local process group (replica.py) under the rules of rules.py, each quoting the Vertex AI page it models;
   tuning.py adds hyperparameter-tuning jobs whose trials run as child jobs.
 * image.py: the trainer image's stand-in, a venv built as docker/Dockerfile builds the image and cached by the
-  sdist's content (nli_helpers.vertex.packaging.image_venv), so it is built once for notebook 03, the fake's jobs and
+  sdist's content (image.image_venv), so it is built once for notebook 03, the fake's jobs and
   the tests.
 
-Not part of the nli_helpers distribution (MANIFEST.in prunes it): it needs the checkout and the [dev] extra.
+Not part of the nli_helpers distribution: a project of its own (pyproject.toml here), installed editable beside
+the package by `make venv` and environment.yml.
 """
 
 from __future__ import annotations

@@ -2,22 +2,26 @@
 
 The image's stand-in (`trainer_image_python`, shared with the Vertex tests) is a venv that first held only the
 pinned torch; the sdist went in on top, with its [smoke] extra, under constraints.txt, and must have left that
-torch alone. `packaging.image_venv` caches it by the sdist's content, so it was built from exactly this package,
+torch alone. `localcloud.image.image_venv` caches it by the sdist's content, so it was built from exactly this package,
 and notebook 03, the local Vertex fake's jobs and these tests share it.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 
+from localcloud import image
 from nli_helpers.config import make_config
 from nli_helpers.vertex import build_sdist, packaging
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_path
 
@@ -50,9 +54,9 @@ def test_the_wheel_holds_the_package_and_its_license_and_nothing_else(tmp_path):
 
 def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sdist_path, tmp_path):
     python = trainer_image_python
-    torch_there = packaging.installed_version(python, "torch", cwd=tmp_path)
-    assert torch_there.split("+")[0] == packaging.pinned_torch(), "installing the sdist replaced the image's torch"
-    assert packaging.installed_version(python, "nli-helpers", cwd=tmp_path) == "0.1.0"
+    torch_there = image.installed_version(python, "torch", cwd=tmp_path)
+    assert torch_there.split("+")[0] == image.pinned_torch(), "installing the sdist replaced the image's torch"
+    assert image.installed_version(python, "nli-helpers", cwd=tmp_path) == "0.1.0"
     check = packaging.run_module(python, "pip", ["check"], cwd=tmp_path)
     assert check.returncode == 0, check.stdout
 
@@ -76,14 +80,14 @@ def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sd
 
 
 def test_the_image_venv_is_built_once_per_package_content(trainer_image_python, sdist_path, tmp_path):
-    again = packaging.image_venv(sdist_path)
+    again = image.image_venv(sdist_path)
     assert (again.python, again.reused) == (trainer_image_python, True)
-    assert again.torch.split("+")[0] == packaging.pinned_torch()
+    assert again.torch.split("+")[0] == image.pinned_torch()
     # Two builds of one tree differ in timestamps only: the same key, so notebook 03 reuses the fake's venv.
     rebuilt = build_sdist(tmp_path)
-    assert packaging.sdist_digest(rebuilt) == packaging.sdist_digest(sdist_path)
+    assert image.sdist_digest(rebuilt) == image.sdist_digest(sdist_path)
     # Anything else that goes into the venv changes the key.
-    assert packaging.sdist_digest(sdist_path, b"smoke") != packaging.sdist_digest(sdist_path, b"")
+    assert image.sdist_digest(sdist_path, b"smoke") != image.sdist_digest(sdist_path, b"")
 
 
 def test_old_image_venvs_go_but_the_newest_and_a_build_under_way_stay(tmp_path, monkeypatch):
@@ -100,7 +104,24 @@ def test_old_image_venvs_go_but_the_newest_and_a_build_under_way_stay(tmp_path, 
             (venvs / key / "image.json").write_text("{}")
             os.utime(venvs / key / "image.json", (1e9 - age, 1e9 - age))
     with FileLock(str(venvs / "building") + ".lock"):  # another process is building this one
-        assert packaging.remove_image_venvs(keep=packaging.KEEP_IMAGE_VENVS) == 2
+        assert image.remove_image_venvs(keep=image.KEEP_IMAGE_VENVS) == 2
     assert sorted(p.name for p in venvs.iterdir() if p.is_dir()) == ["building", "newest", "second"]
     assert not (venvs / "third.lock").exists()
-    assert packaging.remove_image_venvs() == 3  # notebook 03's clean-up: every finished one
+    assert image.remove_image_venvs() == 3  # notebook 03's clean-up: every finished one
+
+
+def test_the_image_stand_in_takes_torch_from_the_cpu_index_when_it_answers(tmp_path, monkeypatch):
+    """As `make venv` does: PyPI's default Linux torch is the CUDA build with several GB of nvidia-* wheels."""
+    monkeypatch.setattr(image.shutil, "which", lambda name: None)  # no nvidia-smi
+    monkeypatch.setattr(image.sys, "platform", "linux")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "index.html").write_text("<a>torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl</a>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_port}"
+        assert image.torch_index(index) == ["--index-url", index]
+    finally:
+        server.shutdown()
+    assert image.torch_index(f"http://127.0.0.1:{free_port()}") == []  # nothing answers: PyPI's default

@@ -1,58 +1,38 @@
-"""Build the trainer's sdist and install it the way docker/Dockerfile builds the trainer image.
-
-The image is Python with the pinned torch, then `pip install <sdist>[smoke,vertex]` under
-constraints.txt, running `python -m nli_helpers.vertex.entry ARGS`. This module repeats that here,
-so a broken package fails before a cloud job does (notebook 03, tests/test_packaging.py and the
-local Vertex stand-in use it):
+"""Build the trainer's sdist, the package docker/Dockerfile installs into the trainer image, and run
+the installed trainer outside the checkout, as the image does:
 
     >>> sdist = build_sdist("runs/package/dist")
-    >>> venv = image_venv(sdist)                    # pinned torch, then the sdist; cached
-    >>> run_module(venv.python, "nli_helpers.vertex.entry", ["--profile=smoke", ...],
+    >>> run_module(python, "nli_helpers.vertex.entry", ["--profile=smoke", ...],
     ...            cwd="runs/package", env=OFFLINE_ENV)
+
+The image's local stand-in (a venv with the pinned torch, then the sdist) is localcloud/image.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from packaging.requirements import Requirement
 
-from nli_helpers.config import NLIError, cache_dir
+from nli_helpers.config import NLIError
 
 CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints.txt"
 # What a container would not have: the checkout on the path, the notebook's venv, the data file;
 # and a Jupyter kernel's colour switches, which put ANSI codes into the output parsed here.
 HOST_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NLI_REAL_DATA", "FORCE_COLOR",
                  "CLICOLOR_FORCE")
-# What docker/Dockerfile installs besides torch, but the benchmarks' [bench]: the smoke model, and
-# cloudml-hypertune and google-cloud-storage that the Vertex AI entry point uses.
-IMAGE_EXTRAS = "smoke,vertex"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-KEEP_IMAGE_VENVS = 2  # the one just built and the one before it: about 4 GB
 TIMEOUT_S = 1800
 
 
 class PackagingError(NLIError):
     """Creating the venv, installing the sdist or running it failed (the message holds the tail)."""
-
-
-def pinned_torch(constraints: str | Path = CONSTRAINTS) -> str:
-    """The torch version constraints.txt pins, e.g. '2.13.0'."""
-    found = re.search(r"^torch==(\S+)$", Path(constraints).read_text(), re.M)
-    if not found:
-        raise PackagingError(f"{constraints} pins no torch==VERSION")
-    return found.group(1)
 
 
 def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | None = None) -> Path:
@@ -82,87 +62,6 @@ def sdist_requirements(sdist: str | Path) -> list[Requirement]:
     return [r for r in requirements if not (r.marker and "extra" in str(r.marker))]
 
 
-def _pip(python: Path, requirement: str, constraints: Path) -> None:
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                           "--quiet", "-c", str(constraints), requirement], capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=clean_env())
-    if proc.returncode:
-        raise PackagingError(f"`pip install {requirement}` failed:\n"
-                             f"{proc.stderr.strip()[-3000:]}")
-
-
-@dataclass(frozen=True)
-class ImageVenv:
-    """A venv built as docker/Dockerfile builds the trainer image."""
-
-    python: Path
-    torch: str     # the torch version installed before the sdist
-    reused: bool   # built earlier from the same sdist content, extras, constraints and Python
-
-
-def sdist_digest(sdist: str | Path, *extra: bytes) -> str:
-    """A hash of the sdist's files (names and bytes, not timestamps: two builds of one tree agree)
-    and `extra`."""
-    digest = hashlib.sha256()
-    with tarfile.open(sdist) as tar:
-        for member in sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name):
-            digest.update(member.name.split("/", 1)[-1].encode() + b"\0"
-                          + tar.extractfile(member).read())
-    for part in extra:
-        digest.update(part + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def image_venv(sdist: str | Path, *, extras: str = IMAGE_EXTRAS,
-               constraints: str | Path = CONSTRAINTS, rebuild: bool = False) -> ImageVenv:
-    """The venv the trainer image would be: the pinned torch, then `pip install <sdist>[extras]`.
-
-    Built once per sdist content, extras, constraints and Python under cache_dir()/image-venv/,
-    then reused (`rebuild=True` builds again). A lock keeps two processes from building one venv
-    at once; a build that did not finish is thrown away. Each is about 2 GB (torch), and every code
-    change makes a new one: building one deletes all but the newest KEEP_IMAGE_VENVS.
-    """
-    sdist, constraints = Path(sdist), Path(constraints)
-    key = sdist_digest(sdist, extras.encode(), constraints.read_bytes(), sys.version.encode())
-    folder = cache_dir() / "image-venv" / key
-    python, record = folder / "venv" / "bin" / "python", folder / "image.json"
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        if record.is_file() and not rebuild:
-            return ImageVenv(python, json.loads(record.read_text())["torch"], reused=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(folder / "venv")], check=True,
-                       capture_output=True)
-        _pip(python, f"torch=={pinned_torch(constraints)}", constraints)
-        _pip(python, f"{sdist}[{extras}]", constraints)
-        torch = installed_version(python, "torch", cwd=folder)
-        record.write_text(json.dumps({"sdist": sdist.name, "extras": extras, "torch": torch}))
-    remove_image_venvs(keep=KEEP_IMAGE_VENVS)
-    return ImageVenv(python, torch, reused=False)
-
-
-def remove_image_venvs(keep: int = 0) -> int:
-    """Delete the cached image venvs but the `keep` most recently built, and what killed builds
-    left (a build under way holds its lock and is left alone); returns how many went."""
-    built, leftovers = [], []
-    for folder in (p for p in (cache_dir() / "image-venv").glob("*") if p.is_dir()):
-        record = folder / "image.json"
-        if record.is_file():
-            built.append((record.stat().st_mtime, folder))
-            continue
-        try:
-            with FileLock(str(folder) + ".lock", timeout=0):
-                leftovers.append(folder)
-        except Timeout:
-            pass
-    old = [folder for _, folder in sorted(built)]
-    old = old[:-keep] if keep else old
-    for folder in old + leftovers:
-        shutil.rmtree(folder, ignore_errors=True)
-        Path(str(folder) + ".lock").unlink(missing_ok=True)
-    return len(old) + len(leftovers)
-
-
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without what a container would not have, plus `extra`."""
     return {**{k: v for k, v in os.environ.items() if k not in HOST_ONLY_ENV}, "NO_COLOR": "1",
@@ -176,9 +75,3 @@ def run_module(python: str | Path, module: str, args: list[str], *, cwd: str | P
     return subprocess.run([str(python), "-m", module, *args], cwd=cwd, env=clean_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
-
-def installed_version(python: str | Path, dist: str, *, cwd: str | Path) -> str:
-    """The version of distribution `dist` installed in that python ('' when absent)."""
-    proc = run_module(python, "pip", ["show", dist], cwd=cwd)
-    found = re.search(r"^Version: (\S+)$", proc.stdout, re.M)
-    return found.group(1) if found else ""
