@@ -81,6 +81,21 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
     assert forced.returncode == 0, forced.stderr[-2000:]
 
 
+def test_the_gpu_guard_reads_the_rest_spelling_of_the_job_and_says_when_it_cannot_read_it(capsys):
+    """CLUSTER_SPEC's `job` is the CustomJobSpec "represented as a dictionary" (distributed-training page), in a
+    spelling the page does not give: the REST API's camelCase reads as the SDK's snake_case."""
+    task = {"cluster": {"workerpool0": ["h:2222"], "workerpool1": ["w:2222"]}, "task": {"type": "workerpool1", "index": 0}}
+    pools = [{"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1"},
+             {"machineSpec": {"machineType": "a2-highgpu-2g", "acceleratorType": "NVIDIA_TESLA_A100",
+                              "acceleratorCount": 2}, "replicaCount": "1"}]
+    assert replica_gpus(json.dumps({**task, "job": {"workerPoolSpecs": pools}})) == ("NVIDIA_TESLA_A100", 2)
+    assert replica_gpus(json.dumps({**task, "job": json.dumps({"workerPoolSpecs": pools})})) == ("NVIDIA_TESLA_A100", 2)
+    assert capsys.readouterr().err == ""
+    assert replica_gpus(json.dumps({**task, "job": {"pools": pools}})) is None
+    assert "cannot read this replica's GPUs from CLUSTER_SPEC's job (KeyError" in capsys.readouterr().err
+    assert replica_gpus(None) is None and capsys.readouterr().err == ""  # not on Vertex AI: nothing to say
+
+
 # -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
 def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_model_dir):
     from nli_helpers import distributed, train

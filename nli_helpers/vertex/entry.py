@@ -72,6 +72,8 @@ if __name__ == "__main__":  # first thing: the imports below take seconds
 import dataclasses  # the trainer's imports, after the handler (pyproject.toml: E402 here)
 import functools
 import json
+import re
+import sys
 
 import hypertune
 import torch
@@ -103,14 +105,27 @@ def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainCon
 
 
 def replica_gpus(cluster_spec: str | None) -> tuple[str, int] | None:
-    """(GPU type, count) this replica's worker pool asked for, None elsewhere. Vertex AI puts the
-    job's spec, worker pools included, in CLUSTER_SPEC["job"] (a JSON string)."""
+    """(GPU type, count) this replica's worker pool asked for, None elsewhere. CLUSTER_SPEC's `job`
+    is "The CustomJobSpec that you provided to create the current training job, represented as a
+    dictionary" (https://cloud.google.com/vertex-ai/docs/training/distributed-training, "The format
+    of CLUSTER_SPEC"), in a spelling the page does not give: the REST API's (workerPoolSpecs,
+    machineSpec, acceleratorCount) is read as the Python SDK's (worker_pool_specs, ...). One it
+    cannot read turns the guard off, and says so."""
+    def snake(d: dict) -> dict:  # acceleratorCount -> accelerator_count
+        return {re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower(): v for k, v in d.items()}
+
+    if not cluster_spec:
+        return None
     try:
-        spec = json.loads(cluster_spec or "{}")
-        job = json.loads(spec["job"]) if isinstance(spec["job"], str) else spec["job"]
+        spec = json.loads(cluster_spec, object_hook=snake)
+        job = spec["job"]
+        job = json.loads(job, object_hook=snake) if isinstance(job, str) else job
         pool = job["worker_pool_specs"][int(spec["task"]["type"].removeprefix("workerpool"))]
         count = int(pool["machine_spec"].get("accelerator_count") or 0)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        print(f"warning: cannot read this replica's GPUs from CLUSTER_SPEC's job "
+              f"({type(e).__name__}: {e}), so a replica that sees no GPU is not stopped",
+              file=sys.stderr)
         return None
     return (pool["machine_spec"].get("accelerator_type", "GPU"), count) if count else None
 
