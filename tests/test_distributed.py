@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
+from nli_helpers.vertex import launch
 from nli_helpers.vertex.launch import (
     ClusterSpecError,
     avoid_a_small_shm,
+    check_reduction_server_plugin,
     cluster_layout,
     torchrun_command,
 )
@@ -70,6 +72,27 @@ def test_launcher_dry_run_reads_cluster_spec_and_refuses_reduction_servers():
     run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     assert run.returncode == 2 and "Reduction Server pool" in run.stderr
+    env["CLUSTER_SPEC"] = spec("workerpool1", workers=1, reducers=2)  # a GPU node's launcher, beside two reducers
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    assert run.returncode == 0 and "[launch] 2 Reduction Server replica(s): " in run.stderr, run.stderr
+
+
+def test_a_training_node_beside_reducers_says_whether_nccl_has_its_network_plugin(monkeypatch, capsys):
+    """NCCL loads libnccl-net.so, or libnccl-net-$NCCL_NET_PLUGIN.so (NVIDIA/nccl ext-net/README.md)."""
+    monkeypatch.setattr(os, "environ", {})  # what the launcher sets for NCCL stays in this test
+    libraries = {"nccl-net": "libnccl-net.so"}
+    monkeypatch.setattr(launch.ctypes.util, "find_library", libraries.get)
+    check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1)))  # no reducers: nothing to say
+    assert capsys.readouterr().err == "" and os.environ == {}
+    check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1, reducers=2)))
+    assert "2 Reduction Server replica(s): NCCL's network plugin is libnccl-net.so" in capsys.readouterr().err
+    assert os.environ == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}  # NCCL says which it loads
+    os.environ.update(NCCL_DEBUG="WARN", NCCL_NET_PLUGIN="gib")  # the user's choices stand
+    check_reduction_server_plugin(cluster_layout(spec("workerpool1", workers=1, reducers=2)))
+    err = capsys.readouterr().err
+    assert "warning: no NCCL network plugin (libnccl-net-gib.so) here" in err and "billed for nothing" in err
+    assert os.environ["NCCL_DEBUG"] == "WARN"
 
 
 def train_args(job_dir, per_device_batch, model_dir, *extra):

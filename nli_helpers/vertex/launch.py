@@ -13,6 +13,7 @@ Vertex retries.
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import shlex
@@ -53,6 +54,7 @@ class ClusterLayout:
     master_addr: str
     master_port: int
     role: str  # "chief", "worker", "reduction_server" or "evaluator"
+    reducers: int = 0  # replicas of the Reduction Server pool
 
 
 def cluster_layout(cluster_spec: str | dict | None = None,
@@ -82,7 +84,8 @@ def cluster_layout(cluster_spec: str | dict | None = None,
     role = {"workerpool0": "chief", "workerpool1": "worker",
             REDUCTION_SERVER_POOL: "reduction_server"}.get(pool, "evaluator")
     node_rank = {"workerpool0": 0, "workerpool1": index + 1}.get(pool, -1)
-    return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role)
+    return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role,
+                         len(cluster.get(REDUCTION_SERVER_POOL, [])))
 
 
 def processes_per_node() -> int:
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                rendezvous_timeout_s=args.rendezvous_timeout,
                                shutdown_timeout_s=args.shutdown_timeout)
     avoid_a_small_shm(nproc)
+    check_reduction_server_plugin(layout)
     print(f"[launch] {layout.role} node {layout.node_rank}/{layout.nnodes}: "
           f"{shlex.join(command)}", flush=True)
     if args.dry_run:
@@ -153,6 +157,29 @@ def avoid_a_small_shm(nproc: int, path: str = "/dev/shm") -> None:
         os.environ["NCCL_SHM_DISABLE"] = "1"
         print(f"[launch] {path} holds {size / 2**20:.0f} MB, too little for NCCL's shared memory "
               "between GPUs: NCCL_SHM_DISABLE=1", file=sys.stderr)
+
+
+def check_reduction_server_plugin(layout: ClusterLayout) -> None:
+    """With a Reduction Server pool, the training nodes' NCCL must load Google's network plugin
+    (the `google-reduction-server` package the distributed-training page asks a custom container
+    for, docker/Dockerfile); else NCCL reduces among the GPU nodes as always and the reducers are
+    billed for nothing. "When NCCL is initialized, it will look for a `libnccl-net.so` library and
+    dynamically load it", or `libnccl-net-${NCCL_NET_PLUGIN}.so` (NVIDIA/nccl ext-net/README.md):
+    found as the dynamic linker finds it, which ctypes.util.find_library follows. NCCL_DEBUG=INFO
+    with NCCL_DEBUG_SUBSYS=INIT,NET makes NCCL log the plugin it loaded ("NET/Plugin: Loaded net
+    plugin ...", an INFO of NCCL_INIT|NCCL_NET in its source), as Google's samples set it."""
+    if not layout.reducers or layout.role not in ("chief", "worker"):
+        return
+    os.environ.setdefault("NCCL_DEBUG", "INFO")
+    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    suffix = f"-{os.environ['NCCL_NET_PLUGIN']}" if os.environ.get("NCCL_NET_PLUGIN") else ""
+    plugin = ctypes.util.find_library(f"nccl-net{suffix}")
+    print(f"[launch] {layout.reducers} Reduction Server replica(s): " + (
+        f"NCCL's network plugin is {plugin}; NCCL's 'NET/Plugin' lines below say which it loads"
+        if plugin else f"warning: no NCCL network plugin (libnccl-net{suffix}.so) here, so NCCL "
+        "reduces without them and they are billed for nothing: install the google-reduction-server "
+        "package in the image (docker/Dockerfile) or drop the Reduction Server pool"),
+        file=sys.stderr, flush=True)
 
 
 def run_torchrun(command: list[str]) -> int:
