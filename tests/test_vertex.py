@@ -340,7 +340,7 @@ def test_init_takes_every_setting_it_is_not_given_from_the_environment(fake_vert
 
 
 # -- request bodies as the fake receives them -------------------------------------------------------------------
-def test_a_job_sends_every_field(fake_vertex, gcs_bucket):
+def test_a_job_sends_every_field(fake_vertex, gcs_bucket, capsys, caplog):
     _init(fake_vertex, gcs_bucket)
     cfg = make_config("smoke", **TINY_JOB)
     machine = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 2, replica_count=2)
@@ -350,6 +350,11 @@ def test_a_job_sends_every_field(fake_vertex, gcs_bucket):
                                    service_account="trainer@test-project.iam.gserviceaccount.com",
                                    labels={"team": "nlp", "profile": "smoke"}, spot=True,
                                    restart_job_on_worker_restart=True, timeout_s=3600, tensorboard=TENSORBOARD)
+    # The stand-in's job has no Console page or Cloud Logging: no links to a project that does not exist.
+    assert "logs: kept by the local stand-in" in capsys.readouterr().out
+    sdk_said = [r.getMessage() for r in caplog.records if r.name == "google.cloud.aiplatform.jobs"]
+    assert any("CustomJob created" in m for m in sdk_said), sdk_said
+    assert not any("console.cloud.google.com" in m for m in sdk_said), sdk_said
 
     (body,) = fake_vertex.created_bodies
     assert body["displayName"] == "nli-smoke-1"

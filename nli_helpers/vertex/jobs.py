@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -114,8 +115,17 @@ def init_vertex(project: str | None = None, region: str = "us-central1",
     # The SDK keeps settings between calls: always pass the endpoint, or a stand-in's would stick.
     aiplatform.init(project=project, location=region, staging_bucket=staging_bucket,
                     credentials=credentials, api_endpoint=api_endpoint, api_transport=api_transport)
+    # A stand-in's job has no Console page: drop the SDK's "View Custom Job: https://console..."
+    sdk_log = logging.getLogger("google.cloud.aiplatform.jobs")
+    sdk_log.removeFilter(no_console_links)
+    if api_endpoint.startswith("http://"):
+        sdk_log.addFilter(no_console_links)
     return VertexSettings(project, region, staging_bucket, api_endpoint,
                           image_uri or trainer_image_uri(project, region))
+
+
+def no_console_links(record: logging.LogRecord) -> bool:
+    return "console.cloud.google.com" not in record.getMessage()
 
 
 @contextlib.contextmanager
@@ -168,8 +178,17 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
         job.submit(service_account=service_account,
                    restart_job_on_worker_restart=restart_job_on_worker_restart,
                    scheduling_strategy=strategy, timeout=timeout_s, tensorboard=tensorboard)
-    print(f"submitted {job.resource_name}\nlogs: {logs_url(job)}")
+    print(f"submitted {job.resource_name}\nlogs: {logs_where(job)}")
     return job
+
+
+def logs_where(job: CustomJob) -> str:
+    """Where the job's logs are: Cloud Logging, or, in practice mode, the local stand-in."""
+    from google.cloud.aiplatform import initializer
+
+    if (initializer.global_config.api_endpoint or "").startswith("http://"):
+        return "kept by the local stand-in (practice mode; on Google Cloud, Cloud Logging)"
+    return logs_url(job)
 
 
 def logs_url(job: CustomJob) -> str:
@@ -223,7 +242,7 @@ def watch_job(job: CustomJob | str, *, poll_s: float = 30.0,
         time.sleep(poll_s)
     if state != "JOB_STATE_SUCCEEDED":
         raise JobFailedError(f"{job.resource_name} ended {state}: "
-                             f"{job.error.message or 'no error message'}; logs: {logs_url(job)}")
+                             f"{job.error.message or 'no error message'}; logs: {logs_where(job)}")
     return state
 
 
