@@ -22,6 +22,8 @@ workerpool0 (chief) and workerpool1 (workers) gets the variables Vertex sets: CL
 prebuilt PyTorch images set them, CLOUD_ML_PROJECT_ID (the project number) and AIP_MODEL_DIR /
 AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really trains over
 torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING.
+The replicas reach the Hugging Face hub that this process names with HF_ENDPOINT (localcloud/hub.py's stand-in)
+unless this process is offline; with no HF_ENDPOINT they are offline (`hub_env`).
 A container job runs the interpreter registered for its image: localcloud/image.py builds the trainer image's.
 """
 
@@ -35,6 +37,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,6 +54,12 @@ _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data.
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME")
+# The variables that take huggingface_hub and datasets offline, and the values they read as true
+# (huggingface_hub 2.4.0's constants.py: `HF_HUB_OFFLINE = _is_true(os.environ.get("HF_HUB_OFFLINE") or
+# os.environ.get("TRANSFORMERS_OFFLINE"))`, ENV_VARS_TRUE_VALUES = {"1", "ON", "YES", "TRUE"};
+# datasets 5.2.0's config.py reads HF_DATASETS_OFFLINE against the same values).
+_HUB_OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+_TRUE = {"1", "ON", "YES", "TRUE"}
 PRACTICE_FULL = ("practice mode trains each job on this machine's CPU, where profile full (roberta-base on 393k "
                  "pairs) takes days: practice with notebooks/params/smoke.yaml, rehearse full by adding "
                  "notebooks/params/rehearsal.yaml after full.yaml, or run it on Vertex AI with cloud='google'")
@@ -299,12 +308,11 @@ class FakeVertex:
     def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str],
                  threads: int) -> dict[str, str]:
         base = job.proto.job_spec.base_output_directory.output_uri_prefix.rstrip("/")
-        env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV + _HUB_OFFLINE_ENV}
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=rules.project_number(job.proto.name.split("/")[1]),  # rule 10
-                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS=str(threads),
-                   PYTHONUNBUFFERED="1",
+                   **hub_env(os.environ), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                    # Not Vertex's: the replicas run on this CPU whatever GPUs the job asked for, so the trainer is
                    # told to accept that (its --allow-cpu), instead of refusing a GPU job without a GPU.
                    NLI_ALLOW_CPU="1")
@@ -350,6 +358,19 @@ def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[st
     if replica in training:
         env["RANK"] = str(training.index(replica))
     return env
+
+
+def hub_env(host: Mapping[str, str]) -> dict[str, str]:
+    """How a job's replicas reach the Hugging Face hub, given the environment of the process running the fake.
+
+    A container on Vertex reaches huggingface.co; this machine reaches at most localcloud/hub.py's stand-in, which
+    the process names with HF_ENDPOINT (`python -m localcloud.hub` prints the line to export). So with HF_ENDPOINT
+    set and the process not offline, the replicas get that endpoint and no offline flag; otherwise they are offline,
+    so that a hub they cannot reach fails at once instead of after huggingface_hub's retries."""
+    offline = any(host.get(name, "").upper() in _TRUE for name in _HUB_OFFLINE_ENV)
+    if host.get("HF_ENDPOINT") and not offline:
+        return {"HF_ENDPOINT": host["HF_ENDPOINT"]}
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def host_cores() -> int:
