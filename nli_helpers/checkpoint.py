@@ -123,15 +123,13 @@ def latest_checkpoint(root: str) -> str | None:
 def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
     """Load weights into `model` and return the training state (never through pickle)."""
     fs, p = files.filesystem(path)
+    if not fs.exists(files.join(p, MANIFEST)):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass "
+                              "--resume_from_checkpoint auto for the newest complete one")
     try:
-        if not fs.exists(files.join(p, MANIFEST)):
-            raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass "
-                                  "--resume_from_checkpoint auto for the newest complete one")
         model.load_state_dict(load(fs.cat_file(files.join(p, "model.safetensors"))))
         return torch.load(io.BytesIO(fs.cat_file(files.join(p, STATE))), map_location="cpu",
                           weights_only=True)
-    except CheckpointError:
-        raise
     except Exception as e:  # safetensors, pickle and torch raise many types for one bad file
         why = " ".join(str(e).split())[:300]  # one line: torch's own messages span several
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: "

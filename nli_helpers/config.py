@@ -43,7 +43,16 @@ def cache_dir() -> Path:
 PROFILES = ("smoke", "full")
 # The task's labels, in the order of the classifier's outputs (MultiNLI's gold_label values).
 LABELS = ("entailment", "neutral", "contradiction")
+LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# TrainingArguments' --log_level: its documented choices and default, passive (transformers 5.23,
+# training_args.py:1039-1044, the choices from :64 `trainer_log_levels = dict(**log_levels,
+# passive=-1)`; its undocumented "detail" is debug there).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
+# The one decision of what --log_level does to our own output: these levels also quiet the
+# start-up lines (the notes on smoke's data, config:, data:, model:, batch:, resuming); the
+# progress and evaluation lines, the result and errors always print.
+QUIET_LOG_LEVELS = ("warning", "error", "critical")
 
 # What each profile changes; every other field keeps its field default. Why each value: README,
 # "Profiles", and benchmarks/README.md.
@@ -84,7 +93,8 @@ RANGES = {
               "save_steps", "save_total_limit", "checkpoint_every_minutes",
               ok=lambda v: 0 <= v < math.inf, text="a finite number >= 0"),
 }
-CHOICES = {"profile": PROFILES, "precision": PRECISIONS, "report_to": ("none", "tensorboard")}
+CHOICES = {"profile": PROFILES, "precision": PRECISIONS, "log_level": LOG_LEVELS,
+           "report_to": ("none", "tensorboard")}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -138,6 +148,8 @@ class TrainConfig:
     ddp_bf16_compress: bool = _f(False, "under torchrun on GPUs, all-reduce gradients in bf16")
     sync_every: int = _f(8, "under torchrun, ranks agree on a stop every N optimizer steps")
     progress: bool = _f(True, "show progress bars (--no-progress: plain log lines)")
+    log_level: str = _f("passive", "transformers' and datasets' log level, as Trainer's; warning "
+                        "and above also quiet our start-up lines", choices=LOG_LEVELS)
     report_to: str = _f("none", "tensorboard: also log to <output_dir>/tensorboard",
                         choices=CHOICES["report_to"])
     allow_cpu: bool = _f(False, "train without a CUDA GPU where one is needed (days for full)")
@@ -193,42 +205,43 @@ class TrainConfig:
 def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int | None = None,
                 **overrides: Any) -> TrainConfig:
     """Field defaults, then the profile's, then the `overrides` that are not None; `verbose`
-    prints the result's summary. On `smoke` the data defaults to $NLI_REAL_DATA, else
-    mnli-subset where this machine has MultiNLI, else the sample; `smoke_cap` caps the training
-    and validation pairs that `overrides` leave unset (with the short-run recipe on real pairs).
-    A misspelt field is TrainConfig's TypeError, which names it."""
-    if profile not in PROFILES:
-        raise ConfigError(f"profile={profile!r} is unknown; use one of {', '.join(PROFILES)}")
+    prints the result's summary (a `log_level` in QUIET_LOG_LEVELS quiets it and the note on
+    smoke's data). On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset where this
+    machine has MultiNLI, else the sample; `smoke_cap` caps the training and validation pairs
+    that `overrides` leave unset (with the short-run recipe on real pairs). A misspelt field is
+    TrainConfig's TypeError, which names it."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    values = dict(PROFILE_DEFAULTS[profile])
-    if profile == "smoke":
-        values["data"] = given.get("data") or os.environ.get("NLI_REAL_DATA") or smoke_real_data()
+    quiet = given.get("log_level") in QUIET_LOG_LEVELS
+    values = dict(PROFILE_DEFAULTS.get(profile, {}))  # an unknown profile: TrainConfig says so
+    if profile == "smoke":  # called as vertex.job_config calls it: one cache entry, one note
+        values["data"] = (given.get("data") or os.environ.get("NLI_REAL_DATA")
+                          or (smoke_real_data(quiet=True) if quiet else smoke_real_data()))
         real = values["data"] != "sample"
         values.update(PROFILE_DEFAULTS["smoke_real_data"] if real else {})
         if smoke_cap is not None:
             values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap,
                           **(PROFILE_DEFAULTS["smoke_capped"] if real else {}))
     cfg = TrainConfig(**{**values, **given, "profile": profile})
-    if verbose:
+    if verbose and not quiet:
         print(f"config: {cfg.summary()}")
     return cfg
 
 
 @functools.cache
-def smoke_real_data() -> str:
+def smoke_real_data(quiet: bool = False) -> str:
     """'mnli-subset' where this machine has MultiNLI (../shared/data or the hub), else 'sample',
-    saying once why and what to do."""
+    saying once why and what to do (unless `quiet`)."""
     from . import mnli  # only a smoke run without --data looks for MultiNLI on the machine
 
     try:
-        found = mnli.find_dev_matched()
+        data, note = "mnli-subset", f"data: real MultiNLI from {mnli.find_dev_matched().origin}"
     except mnli.NotFound as e:
-        print(f"note: {e}.\nnote: the smoke profile trains on the 360 hand-written pairs the "
-              f"package ships instead: they show the workflow, not MultiNLI's findings; "
-              f"{mnli.WHAT_TO_DO}.")
-        return "sample"
-    print(f"data: real MultiNLI from {found.origin}")
-    return "mnli-subset"
+        data, note = "sample", (f"note: {e}.\nnote: the smoke profile trains on the 360 "
+                                "hand-written pairs the package ships instead: they show the "
+                                f"workflow, not MultiNLI's findings; {mnli.WHAT_TO_DO}.")
+    if not quiet:
+        print(note)
+    return data
 
 
 # -- the command line: HfArgumentParser over TrainConfig, plus --config FILE ----------------------

@@ -12,7 +12,6 @@ torchrun.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -189,11 +188,10 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     return requested
 
 
-def autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type,
-                          dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """Mixed precision for bf16 and fp16; fp32 is autocast switched off (`enabled=False`)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
 
 
 ALLOW_CPU_ENV = "NLI_ALLOW_CPU"  # = --allow-cpu, for environments that set it for every run
@@ -216,7 +214,6 @@ def check_accelerator(cfg: TrainConfig) -> None:
     if cfg.reference_recipe:
         raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, "
                          f"and torch {torch.__version__} sees none here (nvidia-smi shows the "
-                         "driver and the GPUs). Run it on a GPU machine (a "
-                         "Workbench GPU instance, or a Vertex AI job: notebook 04), use --profile "
-                         "smoke on this CPU, or pass --allow-cpu to train the full recipe on the "
-                         "CPU anyway (days)")
+                         "driver and the GPUs). Run it on a GPU machine (a Workbench GPU instance, "
+                         "or a Vertex AI job: notebook 04), use --profile smoke on this CPU, or "
+                         "pass --allow-cpu to train the full recipe on the CPU anyway (days)")

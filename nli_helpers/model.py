@@ -15,10 +15,9 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from .config import LABELS, ConfigError, NLIError
+from .config import LABEL2ID, LABELS, ConfigError, NLIError
 
 ID2LABEL = dict(enumerate(LABELS))
-LABEL2ID = {name: i for i, name in ID2LABEL.items()}
 
 
 class ModelError(NLIError):

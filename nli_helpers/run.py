@@ -33,7 +33,7 @@ from transformers import set_seed
 from . import distributed as dist
 from . import files
 from .checkpoint import latest_checkpoint
-from .config import NLIError, TrainConfig, cache_dir
+from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
 from .model import check_model_fits, load_model_and_tokenizer
 from .train import (
@@ -47,11 +47,15 @@ from .train import (
 )
 
 
-def quiet_library_bars() -> None:
-    """Switch off the bars of datasets and transformers where nobody watches them."""
-    if not live_progress():
-        datasets.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
+def set_library_output(cfg: TrainConfig) -> None:
+    """--log_level onto transformers' and datasets' loggers, as Trainer maps it (passive leaves
+    their own level, warning), and their bars off where nobody watches them: both libraries'
+    `utils.logging` take the same calls."""
+    for library in (transformers.utils.logging, datasets.utils.logging):
+        if cfg.log_level != "passive":
+            library.set_verbosity(transformers.utils.logging.get_log_levels_dict()[cfg.log_level])
+        if not live_progress():
+            library.disable_progress_bar()
 
 
 class RunStopped(NLIError):
@@ -69,7 +73,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
     while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
     (a launcher stopping the ranks after one failed) exits at once instead."""
     dist.check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
-    quiet_library_bars()
+    set_library_output(cfg)
     info = dist.init_distributed()
     # Rank 0 names the default folder for every rank: their clocks may read different seconds.
     job_dir = cfg.output_dir or dist.broadcast_from_main(
@@ -99,6 +103,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
                     verbose: bool, exit_on_sigterm: Callable[[], bool]) -> TrainResult:
     device = dist.device_for(info)
     precision = dist.resolve_precision(cfg.precision, device)  # fail fast, before loading anything
+    start_up_lines = verbose and cfg.log_level not in QUIET_LOG_LEVELS
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                              max_train_samples=cfg.max_train_samples,
                              max_eval_samples=cfg.max_eval_samples)
@@ -106,7 +111,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     name = cfg.model_name_or_path or "minilm-l6"
     model, tokenizer = load_model_and_tokenizer(name)
     check_model_fits(model, tokenizer, cfg.max_seq_length, name)
-    if verbose:
+    if start_up_lines:
         print(f"data: {splits.report}")
         print(f"model: {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
               f"parameters) on {device}, {precision}")
@@ -118,7 +123,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     if resume_from == "auto":  # rank 0 chooses for all: nodes' checkpoint folders could disagree
         newest = latest_checkpoint(root) if info.is_main else None
         resume_from = dist.broadcast_from_main(newest, info)
-    if verbose and cfg.resume_from_checkpoint:
+    if start_up_lines and cfg.resume_from_checkpoint:
         print(f"resuming from {resume_from}" if resume_from
               else f"no complete checkpoint in {root}: starting fresh")
     # A SIGTERM while training stops the loop at the ranks' next agreement, with a checkpoint; one

@@ -16,9 +16,8 @@ import numpy as np
 import pandas as pd
 
 from . import files
-from .config import LABELS, NLIError
+from .config import LABEL2ID, LABELS, NLIError
 
-LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet")
 COLUMN_ALIASES = {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"}
 UNLABELLED, UNLABELLED_ID = {"-", "-1", ""}, -1

@@ -102,8 +102,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         raise ConfigError(f"gradient_accumulation_steps={accum} is more than the {len(loader)} "
                           f"micro-batch(es) of an epoch here ({len(tokenized['train'])} training "
                           f"pairs, per_device_train_batch_size={cfg.per_device_train_batch_size}):"
-                          " lower gradient_accumulation_steps, or use "
-                          "more data")
+                          " lower gradient_accumulation_steps, or use more data")
     total_steps = max(1, math.ceil(cfg.num_train_epochs * (len(loader) // accum)))
     optimizer = step.build_optimizer(model, cfg, device)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps),

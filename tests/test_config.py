@@ -28,6 +28,7 @@ def test_every_field_has_help_text():
     ({"eval_fraction": 0}, "eval_fraction=0 must be a fraction"),
     ({"profile": "huge"}, "profile='huge' is unknown"),
     ({"precision": "fp8"}, "precision='fp8' is unknown"),
+    ({"log_level": "loud"}, "log_level='loud' is unknown; use one of debug, info, warning, error, critical, passive"),
     ({"warmup_ratio": 1.0}, "warmup_ratio=1.0 must be in [0, 1)"),
     ({"max_train_samples": 0}, "max_train_samples=0 must be a positive integer"),
     ({"save_total_limit": -1}, "save_total_limit=-1 must be"),
@@ -66,6 +67,20 @@ def test_smoke_uses_real_data_file_when_named(monkeypatch):
     assert make_config("smoke", data="other.csv").data == "other.csv"
     sample = make_config("smoke", data="sample", num_train_epochs=2)
     assert (sample.data, sample.num_train_epochs, sample.per_device_train_batch_size) == ("sample", 2, 16)
+
+
+def test_a_quiet_log_level_keeps_make_config_silent(capsys, monkeypatch):
+    """--log_level warning and above quiet our start-up lines: the note on where smoke's data comes from and the
+    config: line; the default (passive) prints both, the note once per process."""
+    monkeypatch.delenv("NLI_REAL_DATA", raising=False)
+    config.smoke_real_data.cache_clear()
+    quiet = make_config("smoke", verbose=True, log_level="warning")
+    assert capsys.readouterr().out == "" and quiet.data in ("mnli-subset", "sample")
+    loud = make_config("smoke", verbose=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(("data: real MultiNLI from", "note: ")) and lines[-1] == f"config: {loud.summary()}"
+    make_config("smoke", verbose=True)
+    assert capsys.readouterr().out == f"config: {loud.summary()}\n"  # the note once
 
 
 def test_nothing_chooses_the_expensive_recipe_for_you(capsys):

@@ -53,6 +53,8 @@ def test_help_answers_before_torch_loads():
     (["--precision", "fp16"], "fp16 needs a CUDA GPU"),
     (["--num_train_epochs", "x"], "--num_train_epochs/--num-train-epochs: invalid float value: 'x'"),
     (["--job-dir", "out"], "unrecognized arguments: --job-dir out"),  # the old names are gone
+    (["--log_level", "loud"], "--log_level/--log-level: invalid choice: 'loud' (choose from 'debug', 'info', "
+                              "'warning', 'error', 'critical', 'passive')"),
 ])
 def test_mistakes_exit_2_with_one_message_and_no_output(tmp_path, args, message):
     job = tmp_path / "job"
@@ -241,3 +243,51 @@ def test_a_terminal_gets_the_live_bar_instead(tmp_path, tiny_model_dir):
     seen = b"".join(chunks).decode(errors="replace")
     assert re.search(r"\rtrain: +\d+%.*\| *12/12 ", seen), seen[-3000:]  # tqdm's redrawn bar
     assert not re.search(r"^step \d+/12 ", seen, re.M)
+
+
+# -- --log_level, Trainer's flag: transformers' and datasets' loggers, and from warning up our start-up lines ----
+QUIET_RUN = ("--model_name_or_path", "minilm-l6", "--data", "sample", "--num_train_epochs", "1",
+             "--max_train_samples", "32", "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
+             "--logging_steps", "1")  # minilm-l6 has no classifier: transformers warns that it starts untrained
+
+
+@pytest.mark.parametrize("log_level", [None, "error"])
+def test_log_level_error_quiets_the_libraries_and_the_start_up_lines_but_not_the_run(tmp_path, log_level):
+    job = tmp_path / "job"
+    proc = run_task(*QUIET_RUN, "--output_dir", str(job), *(["--log_level", log_level] if log_level else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start_up = [line.split(":")[0] for line in proc.stdout.splitlines()
+                if line.startswith(("note:", "config:", "data:", "model:", "batch:"))]
+    if log_level is None:  # the default, passive: as before the flag
+        assert "[transformers]" in proc.stderr and "LOAD REPORT" in proc.stderr, proc.stderr[-3000:]
+        assert start_up == ["config", "data", "model", "batch"], proc.stdout
+    else:
+        assert "[transformers]" not in proc.stderr and start_up == [], proc.stdout + proc.stderr
+    assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == ["1/2", "2/2"]
+    assert "eval step 2/2" in proc.stdout and f"saved to {job}" in proc.stdout
+    assert json.loads((job / "metrics.json").read_text())["train"]["steps"] == 2
+
+
+def test_log_level_sets_both_libraries_verbosity_as_trainer_does():
+    import logging
+
+    import datasets
+    import transformers
+
+    from nli_helpers.config import LOG_LEVELS, make_config
+    from nli_helpers.run import set_library_output
+
+    libraries = (transformers.utils.logging, datasets.utils.logging)
+    before = [(lib.get_verbosity(), lib.is_progress_bar_enabled()) for lib in libraries]
+    try:
+        for level in LOG_LEVELS:
+            for lib in libraries:
+                lib.set_verbosity(35)  # a level of no name: passive must leave it as it is
+            set_library_output(make_config("smoke", data="sample", log_level=level))
+            expected = 35 if level == "passive" else getattr(logging, level.upper())
+            assert [lib.get_verbosity() for lib in libraries] == [expected] * 2, level
+    finally:
+        for lib, (verbosity, bars) in zip(libraries, before):
+            lib.set_verbosity(verbosity)
+            if bars:
+                lib.enable_progress_bar()
