@@ -80,7 +80,7 @@ class LocalCloud:
 
         self.tmp = Path(tempfile.mkdtemp(prefix="nli-local-cloud-"))
         self.emulator = start_emulator()
-        self.emulator.make_bucket(self.bucket)
+        self.emulator.make_bucket(self.bucket, location=self.region)  # in the jobs' region, as preflight asks
         self.fake = FakeVertex(run_jobs=True)
         self.image_uri = trainer_image_uri(self.project, self.region)
         self.fake.register_image(self.image_uri, trainer_image_python(project_sdist(self.tmp / "dist")))

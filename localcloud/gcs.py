@@ -43,11 +43,14 @@ class GcsEmulator:
         return storage.Client(project=EMULATOR_ENV["GOOGLE_CLOUD_PROJECT"],
                               credentials=AnonymousCredentials(), client_options={"api_endpoint": self.host})
 
-    def make_bucket(self, name: str) -> str:
-        """Create bucket `name` (a no-op if it exists) and return the name."""
+    def make_bucket(self, name: str, location: str | None = None) -> str:
+        """Create bucket `name` (a no-op if it exists) in `location` (the emulator's default, "US", without one) and
+        return the name."""
         client = self.client()
         if client.lookup_bucket(name) is None:
-            client.create_bucket(name)
+            client.create_bucket(name, location=location)
+            if location:  # the emulator's insert keeps its own "US" whatever the request says
+                self.server._storage.buckets[name].update(location=location.upper(), locationType="region")
         return name
 
     def corrupt_checksums(self, bucket: str, name: str) -> None:

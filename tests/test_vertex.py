@@ -211,6 +211,17 @@ def test_preflight_passes_a_sound_container_job(gcs_bucket):
     assert f"gs://{gcs_bucket}: US contains us-central1" in checks[0].message
 
 
+def test_practice_modes_bucket_is_in_the_jobs_region_so_preflight_asks_for_no_other(gcs_emulator):
+    """LocalCloud's staging bucket: a learner in practice mode is not told to create a bucket that is the stand-in's."""
+    from localcloud import LocalCloud
+
+    bucket = gcs_emulator.make_bucket("practice-staging", location=LocalCloud.region)
+    checks = vertex.preflight(region=LocalCloud.region, staging_bucket=f"gs://{bucket}", machine=Machine(),
+                              image_uri="gcr.io/p/trainer:1", verbose=False)
+    assert (checks[0].name, checks[0].status) == ("staging bucket", "ok"), checks[0]
+    assert "US-CENTRAL1 is the job's region" in checks[0].message
+
+
 def test_preflight_reports_every_failure_in_one_error(gcs_emulator, tmp_path):
     local_data = tmp_path / "pairs.jsonl"
     local_data.write_text("{}\n")
