@@ -21,10 +21,9 @@ workerpool0 (chief) and workerpool1 (workers) gets the variables Vertex sets: CL
 127.0.0.1:PORT, its own task type and index), node-level RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as the
 prebuilt PyTorch images set them, CLOUD_ML_PROJECT_ID (the project number) and AIP_MODEL_DIR /
 AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really trains over
-torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING.
-The replicas reach the Hugging Face hub that this process names with HF_ENDPOINT (localcloud/hub.py's stand-in)
-unless this process is offline; with no HF_ENDPOINT they are offline (`hub_env`).
-A container job runs the interpreter registered for its image: localcloud/image.py builds the trainer image's.
+torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING. The replicas
+reach the hub this process names with HF_ENDPOINT (`hub_env`). A container job runs the interpreter registered for
+its image: localcloud/image.py builds the trainer image's.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from google.cloud.aiplatform_v1.types import CustomJob, JobState
+from google.protobuf import json_format
 
 from localcloud import rules
 from localcloud.replica import Replica
@@ -54,10 +54,8 @@ _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data.
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME")
-# The variables that take huggingface_hub and datasets offline, and the values they read as true
-# (huggingface_hub 2.4.0's constants.py: `HF_HUB_OFFLINE = _is_true(os.environ.get("HF_HUB_OFFLINE") or
-# os.environ.get("TRANSFORMERS_OFFLINE"))`, ENV_VARS_TRUE_VALUES = {"1", "ON", "YES", "TRUE"};
-# datasets 5.2.0's config.py reads HF_DATASETS_OFFLINE against the same values).
+# What takes huggingface_hub and datasets offline, set to a value they read as true (huggingface_hub 2.4.0's
+# constants.py, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE against ENV_VARS_TRUE_VALUES; datasets 5.2.0's config.py).
 _HUB_OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 PRACTICE_FULL = ("practice mode trains each job on this machine's CPU, where profile full (roberta-base on 393k "
@@ -313,9 +311,7 @@ class FakeVertex:
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=rules.project_number(job.proto.name.split("/")[1]),  # rule 10
                    **hub_env(os.environ), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-                   # Not Vertex's: the replicas run on this CPU whatever GPUs the job asked for, so the trainer is
-                   # told to accept that (its --allow-cpu), instead of refusing a GPU job without a GPU.
-                   NLI_ALLOW_CPU="1")
+                   NLI_ALLOW_CPU="1")  # not Vertex's: the replicas run on this CPU whatever GPUs the job asked
         env.update(vertex_env(job.proto, replica, hosts))
         env.update({e["name"]: e["value"] for e in spec_env})
         return env
@@ -342,10 +338,10 @@ def cluster_spec(proto: CustomJob, replica: str, hosts: dict[str, str]) -> str:
     for name in replica_names(proto):
         cluster.setdefault(name.rsplit("-", 1)[0], []).append(hosts[name])
     pool, index = replica.rsplit("-", 1)
-    # "job": the CustomJobSpec the job was created with, as a dictionary (enum names, snake_case fields).
-    job = type(proto.job_spec).to_dict(proto.job_spec, use_integers_for_enums=False)
-    return json.dumps({"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": int(index)},
-                       "job": job})
+    # "job": "The CustomJobSpec that you provided to create the current training job, represented as a dictionary"
+    # (distributed-training page): the service's JSON of the spec, its REST spelling (workerPoolSpecs, machineSpec).
+    job = json_format.MessageToDict(type(proto.job_spec).pb(proto.job_spec))
+    return json.dumps({"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": int(index)}, "job": job})
 
 
 def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[str, str]:
@@ -361,12 +357,8 @@ def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[st
 
 
 def hub_env(host: Mapping[str, str]) -> dict[str, str]:
-    """How a job's replicas reach the Hugging Face hub, given the environment of the process running the fake.
-
-    A container on Vertex reaches huggingface.co; this machine reaches at most localcloud/hub.py's stand-in, which
-    the process names with HF_ENDPOINT (`python -m localcloud.hub` prints the line to export). So with HF_ENDPOINT
-    set and the process not offline, the replicas get that endpoint and no offline flag; otherwise they are offline,
-    so that a hub they cannot reach fails at once instead of after huggingface_hub's retries."""
+    """How a job's replicas reach the hub, given this process's environment: through the HF_ENDPOINT it names
+    (localcloud/hub.py's stand-in) unless it is offline; else offline, failing at once instead of after retries."""
     offline = any(host.get(name, "").upper() in _TRUE for name in _HUB_OFFLINE_ENV)
     if host.get("HF_ENDPOINT") and not offline:
         return {"HF_ENDPOINT": host["HF_ENDPOINT"]}

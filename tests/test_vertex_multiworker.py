@@ -107,7 +107,11 @@ def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gc
     hosts = {name: f"cmle-training-{name.rsplit('-', 1)[0]}-{job.name}-{name.rsplit('-', 1)[1]}:2222" for name in names}
 
     layouts = {name: cluster_layout(cluster_spec(proto, name, hosts)) for name in names}
-    # The job spec in CLUSTER_SPEC tells each training replica its GPUs: a replica without them refuses to train.
+    # The job spec in CLUSTER_SPEC, in the service's JSON spelling, tells each training replica its GPUs: a replica
+    # without them refuses to train.
+    job_spec = json.loads(cluster_spec(proto, "workerpool1-0", hosts))["job"]
+    assert job_spec["workerPoolSpecs"][1]["machineSpec"] == {"machineType": "g2-standard-24",
+                                                             "acceleratorType": "NVIDIA_L4", "acceleratorCount": 2}
     assert replica_gpus(cluster_spec(proto, "workerpool1-0", hosts)) == ("NVIDIA_L4", 2)
     assert replica_gpus(cluster_spec(proto, "workerpool2-0", hosts)) is None  # reducers have none
     chief_host = hosts["workerpool0-0"].split(":")[0]
