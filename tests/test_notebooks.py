@@ -300,3 +300,16 @@ def test_every_import_of_a_notebook_is_used(path, tmp_path):
     proc = subprocess.run([str(ruff), "check", "--no-cache", "--isolated", "--select", "F401", str(script)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_every_job_the_notebooks_submit_runs_as_the_service_account_parameter():
+    """docs/SECURITY.md, section 2: no job runs as the service agent when the learner names a trainer account."""
+    for name in ("04_submit_vertex.ipynb", "05_tune_hyperparameters.ipynb"):
+        tree = ast.parse("\n".join(cell.source for cell in code_cells(nbformat.read(NOTEBOOK_DIR / name, 4))))
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and
+                 getattr(node.func, "attr", None) in ("submit", "submit_custom_job", "run") and
+                 ast.unparse(node.func) in ("job.submit", "vertex.submit_custom_job", "hp_job.run")]
+        assert calls, name
+        for call in calls:
+            keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+            assert keywords.get("service_account") == "service_account", (name, ast.unparse(call))
