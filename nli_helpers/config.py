@@ -146,6 +146,7 @@ class TrainConfig:
     dataloader_num_workers: int = _f(0, "DataLoader worker processes")
     torch_compile: bool = _f(False, "torch.compile the training step (CUDA graphs on a GPU)")
     ddp_bf16_compress: bool = _f(False, "under torchrun on GPUs, all-reduce gradients in bf16")
+    ddp_bucket_cap_mb: int | None = _f(None, "DDP's gradient bucket size in MB (None: torch's 25)")
     sync_every: int = _f(8, "under torchrun, ranks agree on a stop every N optimizer steps")
     progress: bool = _f(True, "show progress bars (--no-progress: plain log lines)")
     log_level: str = _f("passive", "transformers' and datasets' log level, as Trainer's; warning "

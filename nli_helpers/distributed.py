@@ -85,17 +85,18 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
-def wrap_ddp(model: torch.nn.Module, device: torch.device, info: DistInfo,
-             bf16_compress: bool = False) -> DDP:
+def wrap_ddp(model: torch.nn.Module, device: torch.device, info: DistInfo, cfg: TrainConfig) -> DDP:
     """DDP that spends the interconnect on gradients only: buckets are the gradients' own memory
     (no copy in and out), buffers are broadcast only where a checkpoint would save one (a running
-    statistic; position ids are constants every rank builds itself), and optionally gradients
-    travel in bf16 (`torch.distributed.algorithms.ddp_comm_hooks.default_hooks`)."""
+    statistic; position ids are constants every rank builds itself), buckets of
+    `--ddp_bucket_cap_mb` (torch's 25 MB by default; Google's Reduction Server page recommends 64),
+    and optionally gradients travel in bf16 (`torch.distributed.algorithms.ddp_comm_hooks`)."""
     saved = set(model.state_dict())
     drifting = any(name in saved for name, _ in model.named_buffers())
     net = DDP(model, [info.local_rank] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, broadcast_buffers=drifting)
-    if bf16_compress:
+              gradient_as_bucket_view=True, broadcast_buffers=drifting,
+              bucket_cap_mb=cfg.ddp_bucket_cap_mb)
+    if cfg.ddp_bf16_compress:
         net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     return net
 

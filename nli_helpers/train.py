@@ -91,7 +91,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     precision = dist.resolve_precision(cfg.precision, device)
     set_seed(cfg.seed)
     model.to(device).train()
-    net = dist.wrap_ddp(model, device, info, cfg.ddp_bf16_compress) if info.enabled else model
+    net = dist.wrap_ddp(model, device, info, cfg) if info.enabled else model
     if cfg.torch_compile:  # imported only here: dynamo and inductor load for a compiled run only
         from . import compiled
         before, net = compiled.counters(), compiled.compile_for_training(net, model, device, cfg)

@@ -187,3 +187,21 @@ def test_the_launcher_turns_nccls_shared_memory_off_where_dev_shm_is_a_container
         assert f"[launch] {shm} holds 64 MB" in capsys.readouterr().err
     finally:
         subprocess.run(["umount", str(shm)], check=True)
+
+
+def test_ddp_takes_the_bucket_size_the_config_names(tmp_path):
+    """--ddp_bucket_cap_mb reaches DistributedDataParallel (64 beside a Reduction Server, vertex.pools)."""
+    import torch
+    import torch.distributed as torch_dist
+
+    from nli_helpers.config import make_config
+    from nli_helpers.distributed import DistInfo, wrap_ddp
+
+    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        for chosen, cap in ((None, 25 * 2**20), (64, 64 * 2**20)):  # torch's default, then the config's
+            net = wrap_ddp(torch.nn.Linear(4, 3), torch.device("cpu"), DistInfo(0, 0, 2),
+                           make_config("smoke", ddp_bucket_cap_mb=chosen))
+            assert net.bucket_bytes_cap == cap
+    finally:
+        torch_dist.destroy_process_group()

@@ -7,6 +7,7 @@ strings); the CLUSTER_SPEC of each replica is built from the job the fake stored
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -53,13 +54,20 @@ def test_a_job_sends_chief_workers_and_reduction_server(fake_vertex, gcs_bucket)
     for pool in sent[:2]:
         assert pool["machineSpec"] == {"machineType": "g2-standard-24", "acceleratorCount": 2,
                                        "acceleratorType": AcceleratorType.NVIDIA_L4.value}
+        # Beside reducers DDP's buckets are 64 MB, as Google's Reduction Server page recommends.
         assert pool["containerSpec"] == {"imageUri": IMAGE, "command": ["python", "-m", "nli_helpers.vertex.launch"],
-                                         "args": ["--", *vertex.job_args(cfg)]}
+                                         "args": ["--", *vertex.job_args(dataclasses.replace(cfg, ddp_bucket_cap_mb=64))]}
     assert sent[2] == {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": "3",
                        "containerSpec": {"imageUri": "us-docker.pkg.dev/vertex-ai-restricted/training/"
                                                      "reductionserver:latest"}}
     assert "--max_train_samples=64" in sent[0]["containerSpec"]["args"]
+    assert "--ddp_bucket_cap_mb=64" in sent[0]["containerSpec"]["args"]
     assert not fake_vertex.unknown_requests
+    without = vertex.container_worker_pools(cfg, TWO_L4, IMAGE)
+    assert not any("--ddp_bucket_cap_mb" in a for a in without[0]["container_spec"]["args"])
+    chosen = vertex.container_worker_pools(make_config("smoke", ddp_bucket_cap_mb=100), TWO_L4, IMAGE,
+                                           reduction_server=ReductionServer(1))
+    assert "--ddp_bucket_cap_mb=100" in chosen[0]["container_spec"]["args"]  # the config's choice stands
 
 
 def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_vertex, gcs_bucket):

@@ -31,6 +31,7 @@ LAUNCH_MODULE = "nli_helpers.vertex.launch"  # reads CLUSTER_SPEC, starts torchr
 # training might reduce latency."
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
 REDUCTION_SERVER_MACHINE_TYPE = "n1-highcpu-16"
+REDUCTION_SERVER_BUCKET_MB = 64  # DDP's bucket_cap_mb beside reducers (container_worker_pools)
 # A Spot job checkpoints this often unless its config says: a preempted VM is off 30 s after its
 # notice, too soon to be sure of a last checkpoint (benchmarks/README.md weighs the interval).
 SPOT_CHECKPOINT_EVERY_MINUTES = 10
@@ -135,7 +136,11 @@ def job_args(cfg: TrainConfig) -> list[str]:
 def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *,
                            reduction_server: ReductionServer | None = None) -> list[dict]:
     """Worker pools that run the trainer image: its ENTRYPOINT (`nli_helpers.vertex.entry`) on one
-    process; on several, the torchrun launcher (Vertex's RANK and WORLD_SIZE count nodes)."""
+    process; on several, the torchrun launcher (Vertex's RANK and WORLD_SIZE count nodes). Beside
+    a Reduction Server, DDP's buckets are 64 MB unless the config chose: "The recommended value of
+    bucket_cap_mb is 64 (64 MB)" (distributed-training page, "Batch small messages together")."""
+    if reduction_server is not None and cfg.ddp_bucket_cap_mb is None:
+        cfg = dataclasses.replace(cfg, ddp_bucket_cap_mb=REDUCTION_SERVER_BUCKET_MB)
     code = {"image_uri": image_uri, "args": job_args(cfg)}
     if machine.multi_process:
         code = {"image_uri": image_uri, "command": ["python", "-m", LAUNCH_MODULE],
