@@ -205,3 +205,21 @@ def test_ddp_takes_the_bucket_size_the_config_names(tmp_path):
             assert net.bucket_bytes_cap == cap
     finally:
         torch_dist.destroy_process_group()
+
+
+def test_a_two_rank_tuning_trial_on_gloo_reports_its_metric_once_per_evaluation(tmp_path, tiny_model_dir):
+    """A multi-GPU tuning trial, as Vertex AI starts one (only CLOUD_ML_TRIAL_ID and CLOUD_ML_HP_METRIC_FILE say so),
+    through the launcher on 2 CPU processes: every rank builds the hypertune callback, and cloudml-hypertune's
+    HyperTune() makes the metric file's folder without exist_ok; only the main process may make it and report."""
+    metric_file = tmp_path / "hypertune" / "output.metrics"
+    env = {**ENV, "CLOUD_ML_TRIAL_ID": "3", "CLOUD_ML_HP_METRIC_FILE": str(metric_file)}
+    env.pop("CLUSTER_SPEC", None)
+    run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--nproc-per-node", "2", "--",
+                          *train_args(tmp_path / "trial", 8, tiny_model_dir, "--eval_steps", "12",
+                                      "--save_total_limit", "0")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads(line) for line in metric_file.read_text().splitlines()]
+    _, metrics = read_run(tmp_path / "trial")
+    assert len(reports) == len(metrics["eval_history"]) >= 2  # once per evaluation, not once per rank
+    assert float(reports[-1]["validation_matched_accuracy"]) == metrics["validation_matched"]["accuracy"]
