@@ -78,11 +78,12 @@ def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_v
     _, sent = _submit(fake_vertex, gcs_bucket, pools)
 
     assert [p["replicaCount"] for p in sent] == ["1", "1", "1"]
+    beside_reducers = dataclasses.replace(cfg, ddp_bucket_cap_mb=vertex.REDUCTION_SERVER_BUCKET_MB)
     for pool in sent[:2]:
         assert pool["machineSpec"] == {"machineType": "a2-highgpu-2g", "acceleratorCount": 2,
                                        "acceleratorType": AcceleratorType.NVIDIA_TESLA_A100.value}
         assert pool["containerSpec"] == {"imageUri": image, "command": ["python", "-m", "nli_helpers.vertex.launch"],
-                                         "args": ["--", *vertex.job_args(cfg)]}
+                                         "args": ["--", *vertex.job_args(beside_reducers)]}
     assert sent[2]["containerSpec"] == {"imageUri": vertex.REDUCTION_SERVER_IMAGE}
     assert sent[2]["machineSpec"] == {"machineType": vertex.REDUCTION_SERVER_MACHINE_TYPE}
 

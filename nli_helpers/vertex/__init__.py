@@ -33,7 +33,8 @@ _MODULES = {
     ".jobs": "API_ENDPOINT_ENV CLOUDS VertexSettings check_cloud confirm_submit fetch_outputs "
              "init_vertex logs_url queued_help submit_custom_job watch_job",
     ".packaging": "build_sdist",
-    ".pools": "REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE SPOT_CHECKPOINT_EVERY_MINUTES "
+    ".pools": "REDUCTION_SERVER_BUCKET_MB REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE "
+              "SPOT_CHECKPOINT_EVERY_MINUTES "
               "Machine ReductionServer container_worker_pools job_args job_config pools_table "
               "reduction_server_image spot_worker_pools stage_data",
     ".pricing": "estimate_cost estimate_job_cost",
