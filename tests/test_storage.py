@@ -83,6 +83,17 @@ def test_put_copies_one_file_to_its_target_name(gcs_bucket, tmp_path):
     assert fs.cat_file(f"{gcs_bucket}/data/train.jsonl") == b'{"premise": "a"}\n'
 
 
+
+@pytest.mark.parametrize("tail", [b"\r", b"\r\n", b"\n\n", b""], ids=["cr", "crlf", "lflf", "none"])
+def test_put_keeps_the_last_byte_of_a_file_whatever_it_is(gcs_bucket, tmp_path, tail):
+    """Every byte of a file arrives, its MD5 checked (files.filesystem): the emulator's own multipart reader dropped a
+    final "\r" (localcloud/gcs.py), as a TensorBoard event file's CRC may end, 1 file in 256."""
+    local = tmp_path / "events.out.tfevents"
+    local.write_bytes(bytes(range(256)) + tail)
+    files.put(local, f"gs://{gcs_bucket}/logs/events.out.tfevents")
+    fs, _ = files.filesystem(f"gs://{gcs_bucket}")
+    assert fs.cat(f"{gcs_bucket}/logs/events.out.tfevents") == local.read_bytes()
+
 def test_check_writable_passes_a_bucket_and_leaves_nothing(gcs_bucket):
     files.check_writable(f"gs://{gcs_bucket}/runs/1", "--output_dir")
     fs, _ = files.filesystem(f"gs://{gcs_bucket}")
