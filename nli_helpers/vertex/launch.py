@@ -167,7 +167,8 @@ def check_reduction_server_plugin(layout: ClusterLayout) -> None:
     dynamically load it", or `libnccl-net-${NCCL_NET_PLUGIN}.so` (NVIDIA/nccl ext-net/README.md):
     found as the dynamic linker finds it, which ctypes.util.find_library follows. NCCL_DEBUG=INFO
     with NCCL_DEBUG_SUBSYS=INIT,NET makes NCCL log the plugin it loaded ("NET/Plugin: Loaded net
-    plugin ...", an INFO of NCCL_INIT|NCCL_NET in its source), as Google's samples set it."""
+    plugin ...", an INFO of NCCL_INIT|NCCL_NET in its source); Google's Reduction Server sample
+    Dockerfiles set NCCL_DEBUG=INFO; the subsystem filter is ours, to keep the rest quiet."""
     if not layout.reducers or layout.role not in ("chief", "worker"):
         return
     os.environ.setdefault("NCCL_DEBUG", "INFO")
