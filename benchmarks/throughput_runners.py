@@ -193,6 +193,8 @@ def apply_variant(runner: str, variant: str) -> None:
             OVERRIDES["compile"] = True
         elif runner == "nli_helpers" and part == "compile":  # --torch_compile (CUDA graphs on a GPU)
             OVERRIDES["torch_compile"] = True
+        elif runner == "nli_helpers" and part == "workers":  # two DataLoader worker processes collate ahead
+            OVERRIDES["dataloader_num_workers"] = 2
         elif runner == "nli_helpers" and part == "no_grouping":
             OVERRIDES["group_by_length"] = False
         else:

@@ -112,8 +112,9 @@ def test_the_gpu_check_runs_its_shape_on_the_cpu(tmp_path):
     assert set(report) == {"device", "peak_flops", "shape", "config", "data", "runs", "failed", "skipped", "pending"}
     assert report["failed"] == {} and report["pending"] == [] and report["data"]["path"] == "sample"
     assert "hf_trainer" in report["runs"] and any(r.startswith("nli_helpers@") for r in report["runs"])
-    # this CPU: no fp16, no compiled Trainer, no MFU
-    assert set(report["skipped"]) == {"nli_helpers@fp16", "nli_helpers@compile", "hf_trainer@compile"}
+    # this CPU: no fp16, no compiled runs, no DataLoader workers, no MFU
+    assert set(report["skipped"]) == {"nli_helpers@fp16", "nli_helpers@compile", "nli_helpers@workers",
+                                      "hf_trainer@compile"}
     assert report["skipped"]["nli_helpers@fp16"] == "fp16 needs a CUDA GPU"
     for name, run in report["runs"].items():
         # the first step is warm-up on --cpu-smoke: the clock and the counts start at the second
