@@ -31,6 +31,7 @@ def test_every_field_has_help_text():
     ({"log_level": "loud"}, "log_level='loud' is unknown; use one of debug, info, warning, error, critical, passive"),
     ({"warmup_ratio": 1.0}, "warmup_ratio=1.0 must be in [0, 1)"),
     ({"max_train_samples": 0}, "max_train_samples=0 must be a positive integer"),
+    ({"ddp_bucket_cap_mb": -1}, "ddp_bucket_cap_mb=-1 must be a positive integer"),
     ({"save_total_limit": -1}, "save_total_limit=-1 must be"),
     ({"checkpoint_every_minutes": float("nan")}, "checkpoint_every_minutes=nan must be a finite"),
     ({"checkpoint_every_minutes": float("inf")}, "checkpoint_every_minutes=inf must be a finite"),

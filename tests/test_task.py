@@ -10,6 +10,8 @@ import sys
 import pandas as pd
 import pytest
 
+from nli_helpers.config import make_config
+from nli_helpers.vertex import entry
 from tests.helpers import ROOT, ROWS, VERTEX_ENTRY, run_fails, run_task, truncated, write_jsonl
 
 
@@ -200,6 +202,14 @@ def test_on_vertex_the_output_dir_defaults_to_aip_model_dir_and_checkpoints_resu
     again = run_task(*args, env=env, module=VERTEX_ENTRY)  # Vertex AI restarts a replica with the same command
     assert again.returncode == 0 and "resuming from " + str(checkpoints) in again.stdout, again.stderr
 
+
+
+def test_a_quiet_log_level_quiets_the_replicas_resume_line(capsys, tmp_path):
+    env = {"AIP_CHECKPOINT_DIR": str(tmp_path)}
+    quiet = entry.configure(make_config("smoke", data="sample", log_level="warning"), env)
+    assert quiet.resume_from_checkpoint == "auto" and capsys.readouterr().out == ""
+    entry.configure(make_config("smoke", data="sample"), env)
+    assert "AIP_CHECKPOINT_DIR is set (Vertex AI): resuming" in capsys.readouterr().out
 
 # -- what a person sees: a bar in a terminal, plain lines in a collected log (a file, a pipe, Cloud Logging) ------
 LOGGED_RUN = ("--profile", "smoke", "--data", "sample", "--num_train_epochs", "1", "--max_train_samples", "96",

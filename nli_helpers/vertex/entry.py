@@ -78,7 +78,7 @@ import sys
 import hypertune
 import torch
 
-from nli_helpers.config import ConfigError, TrainConfig
+from nli_helpers.config import QUIET_LOG_LEVELS, ConfigError, TrainConfig
 from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
 from nli_helpers.run import RunStopped
 from nli_helpers.task import Platform, command
@@ -98,7 +98,8 @@ def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainCon
     cfg = dataclasses.replace(cfg, output_dir=cfg.output_dir or env.get(MODEL_DIR_ENV),
                               checkpoint_dir=cfg.checkpoint_dir or checkpoints,
                               resume_from_checkpoint=resume)
-    if checkpoints and resume == "auto" and env.get("RANK", "0") == "0":
+    quiet = cfg.log_level in QUIET_LOG_LEVELS
+    if checkpoints and resume == "auto" and env.get("RANK", "0") == "0" and not quiet:
         print(f"{CHECKPOINT_DIR_ENV} is set (Vertex AI): resuming from the newest complete "
               f"checkpoint in {cfg.checkpoint_dir}, if any")
     return cfg
