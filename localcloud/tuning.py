@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import re
 import tempfile
 import threading
@@ -167,7 +166,7 @@ def suggest(p: StudySpec.ParameterSpec, i: int, n: int):
         spec = p.double_value_spec if "double_value_spec" in p else p.integer_value_spec
         lo, hi = float(spec.min_value), float(spec.max_value)
         if p.scale_type == Scale.UNIT_LOG_SCALE:
-            value = math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo)))
+            value = lo ** (1 - frac) * hi ** frac  # lo and hi themselves at the ends, not exp(log(x))
         else:
             value = lo + frac * (hi - lo)
         value = min(max(value, lo), hi)  # exp(log(x)) may land a rounding error outside the range
