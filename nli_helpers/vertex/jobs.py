@@ -93,7 +93,7 @@ def init_vertex(project: str | None = None, region: str = "us-central1",
                     or f"{region}-aiplatform.googleapis.com")
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
     staging_bucket = staging_bucket or os.environ.get("NLI_STAGING_BUCKET")
-    if credentials is None and api_endpoint.startswith("http://"):
+    if credentials is None and is_stand_in(api_endpoint):
         credentials = AnonymousCredentials()
     if credentials is None:
         try:
@@ -118,10 +118,15 @@ def init_vertex(project: str | None = None, region: str = "us-central1",
     # A stand-in's job has no Console page: drop the SDK's "View Custom Job: https://console..."
     sdk_log = logging.getLogger("google.cloud.aiplatform.jobs")
     sdk_log.removeFilter(no_console_links)
-    if api_endpoint.startswith("http://"):
+    if is_stand_in(api_endpoint):
         sdk_log.addFilter(no_console_links)
     return VertexSettings(project, region, staging_bucket, api_endpoint,
                           image_uri or trainer_image_uri(project, region))
+
+
+def is_stand_in(api_endpoint: str | None) -> bool:
+    """A plain-HTTP endpoint can only be a local stand-in (practice mode): Vertex AI's are HTTPS."""
+    return (api_endpoint or "").startswith("http://")
 
 
 def no_console_links(record: logging.LogRecord) -> bool:
@@ -186,7 +191,7 @@ def logs_where(job: CustomJob) -> str:
     """Where the job's logs are: Cloud Logging, or, in practice mode, the local stand-in."""
     from google.cloud.aiplatform import initializer
 
-    if (initializer.global_config.api_endpoint or "").startswith("http://"):
+    if is_stand_in(initializer.global_config.api_endpoint):
         return "kept by the local stand-in (practice mode; on Google Cloud, Cloud Logging)"
     return logs_url(job)
 
