@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass
 
 from gcp_storage_emulator import server as emulator_server
@@ -108,4 +109,8 @@ def start_emulator() -> GcsEmulator:
     # retransmissions, minutes, with no timeout to cut it short (gcsfs passes requests_timeout=None
     # to aiohttp: no limit). listen() again with a deep queue: they wait their turn instead.
     httpd.socket.listen(1024)
+    # A client that hangs up before the answer is written (gcsfs closes a read early) is no error,
+    # yet socketserver prints a 25-line traceback for each: make demo's terminal filled with them.
+    httpd.handle_error = lambda request, address, report=httpd.handle_error: (
+        None if isinstance(sys.exc_info()[1], ConnectionError) else report(request, address))
     return GcsEmulator(host=f"http://127.0.0.1:{httpd.server_address[1]}", server=server)

@@ -100,6 +100,18 @@ def test_check_writable_passes_a_bucket_and_leaves_nothing(gcs_bucket):
     assert fs.find(gcs_bucket) == []
 
 
+
+def test_a_client_that_hangs_up_early_prints_no_traceback_but_a_real_error_still_does(gcs_emulator, capfd):
+    httpd = gcs_emulator.server._api._httpd
+    for error in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset"), ValueError("a bug")):
+        try:
+            raise error
+        except Exception:
+            httpd.handle_error(None, ("127.0.0.1", 1))  # what socketserver calls inside its except block
+    printed = capfd.readouterr().err
+    assert "BrokenPipeError" not in printed and "ConnectionResetError" not in printed
+    assert "ValueError: a bug" in printed
+
 def test_check_writable_names_a_missing_bucket(gcs_emulator):
     with pytest.raises(NLIError) as err:
         files.check_writable("gs://no-such-bucket-xyz/runs/1", "--output_dir")
