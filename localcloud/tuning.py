@@ -169,7 +169,7 @@ def suggest(p: StudySpec.ParameterSpec, i: int, n: int):
             value = lo ** (1 - frac) * hi ** frac  # lo and hi themselves at the ends, not exp(log(x))
         else:
             value = lo + frac * (hi - lo)
-        value = min(max(value, lo), hi)  # exp(log(x)) may land a rounding error outside the range
+        value = min(max(value, lo), hi)  # a power may land a rounding error outside the range
         return float(round(value)) if "integer_value_spec" in p else value
     if "discrete_value_spec" in p:
         return p.discrete_value_spec.values[i % len(p.discrete_value_spec.values)]
