@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -373,9 +374,19 @@ def host_cores() -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a process that binds it later (a chief's torchrun, a server).
+
+    Drawn below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default), which the kernel hands to
+    every outbound connection and every bind to port 0: a port taken from that range could go to another
+    connection before the process binds it, and the chief's torchrun would exit with "address already in use"."""
+    for port in random.sample(range(20000, 32768), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port between 20000 and 32767 in 100 tries")
 
 
 def _handler_for(fake: FakeVertex) -> type[BaseHTTPRequestHandler]:

@@ -50,6 +50,9 @@ def make_fake_vertex(gcs_emulator) -> Iterator[Callable[..., FakeVertex]]:
     yield make
     for fake in fakes:
         fake.close()
+        for name, job in fake.jobs.items():  # pytest shows this only when the test failed
+            if job.log:
+                print(f"--- {name}, {job.proto.state.name}: the replicas' log ---\n{job.log}")
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import sys
 from pathlib import Path
+
+from localcloud.vertex import free_port  # noqa: F401  (the tests' one free-port rule)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,8 +131,3 @@ def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
     return result.stdout
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now, for a rendezvous or a server of the test's own."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

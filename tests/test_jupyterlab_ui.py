@@ -32,7 +32,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -101,12 +100,6 @@ def _missing(reason: str):
         pytest.fail(f"{reason} (CI or NLI_REQUIRE_BROWSER is set, so the JupyterLab UI test must run; "
                     "`make browser` installs Debian's chromium)")
     pytest.skip(f"{reason}; `make browser` installs it, CI requires it")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop_tree(proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -182,7 +175,7 @@ def lab(tmp_path_factory) -> Lab:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
 
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
