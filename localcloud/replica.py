@@ -11,7 +11,9 @@ in an ancestor namespace can [...] send signals to the "init" process of a child
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -86,3 +88,19 @@ def stop_all(replicas: list[Replica], grace_s: float) -> None:
             except subprocess.TimeoutExpired:
                 pass
             replica.kill_all()
+
+
+def free_port() -> int:
+    """A loopback port free now, for a process that binds it later (a chief's torchrun, a server).
+
+    Drawn below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default), which the kernel hands to
+    every outbound connection and every bind to port 0: a port taken from that range could go to another
+    connection before the process binds it, and the chief's torchrun would exit with "address already in use"."""
+    for port in random.sample(range(20000, 32768), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port between 20000 and 32767 in 100 tries")

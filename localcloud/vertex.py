@@ -31,10 +31,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -47,7 +45,7 @@ from google.cloud.aiplatform_v1.types import CustomJob, JobState
 from google.protobuf import json_format
 
 from localcloud import rules
-from localcloud.replica import Replica
+from localcloud.replica import Replica, free_port
 from localcloud.tuning import handle_tuning
 
 JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
@@ -371,22 +369,6 @@ def host_cores() -> int:
     pytest-xdist worker, see conftest.py), else every core."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     return int(given) if given.isdigit() and int(given) > 0 else (os.cpu_count() or 1)
-
-
-def free_port() -> int:
-    """A loopback port free now, for a process that binds it later (a chief's torchrun, a server).
-
-    Drawn below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default), which the kernel hands to
-    every outbound connection and every bind to port 0: a port taken from that range could go to another
-    connection before the process binds it, and the chief's torchrun would exit with "address already in use"."""
-    for port in random.sample(range(20000, 32768), 100):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port between 20000 and 32767 in 100 tries")
 
 
 def _handler_for(fake: FakeVertex) -> type[BaseHTTPRequestHandler]:

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from localcloud.vertex import free_port  # noqa: F401  (the tests' one free-port rule)
+from localcloud.replica import free_port  # noqa: F401  (the tests' one free-port rule)
 
 ROOT = Path(__file__).resolve().parents[1]
 
