@@ -228,15 +228,14 @@ def release_free_memory() -> None:
     """Hand the memory the runner freed back to the system (glibc's malloc_trim) before the scoring, so that the
     scoring's memory does not depend on which runner left which free lists: without it the same scoring code
     raised the whole process's peak by 93-180 MB after `nli_helpers` and by 0 after Trainer, whose processes held
-    the same ~1.7 GB (~0.87 GB of it live) when it began (benchmarks/README.md, "peak RSS and the scoring")."""
+    the same ~1.7 GB (~0.87 GB of it live) when it began (benchmarks/README.md, "Peak RSS and the scoring")."""
     import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):  # glibc; elsewhere the scoring runs as it is
-        ctypes.CDLL(libc).malloc_trim(0)
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc's; elsewhere the scoring runs as it is
+    if trim is not None:
+        trim(0)
 
 
 def peak_rss_mb() -> float:

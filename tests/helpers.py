@@ -129,5 +129,3 @@ def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
                             timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
