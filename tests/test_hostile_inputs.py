@@ -360,15 +360,53 @@ class _WritesAFileWhenUnpickled:
         return (open, (str(self.marker), "w"))
 
 
-def test_pickle_weights_are_never_loaded(tmp_path, tiny_model_dir):
+# Every way a folder can name pickle weights to transformers 5.23, each beside a model.safetensors that is absent or
+# not valid: alone; config.json's `transformers_weights` (which transformers loads even with use_safetensors=True);
+# a safetensors shard index whose weight_map points at a .bin; a pickle shard index alone.
+PICKLE_FOLDERS = {
+    "pickle only": ("pytorch_model.bin", None, None),
+    "config names it": ("adapter_model.bin", "transformers_weights", None),
+    "safetensors index names it": ("pytorch_model.bin", None, "model.safetensors.index.json"),
+    "pickle index": ("pytorch_model.bin", None, "pytorch_model.bin.index.json"),
+}
+
+
+@pytest.mark.parametrize("payload", ["runs code", "real weights"])
+@pytest.mark.parametrize("shape", sorted(PICKLE_FOLDERS))
+def test_pickle_weights_never_load_from_any_folder_shape(tmp_path, tiny_model_dir, shape, payload):
+    """A pickle that writes a file when unpickled, and one of the model's own weights (which torch's weights_only
+    unpickler would accept): both are refused, and the error names the file."""
+    import torch
+
+    weights, config_key, index = PICKLE_FOLDERS[shape]
+    model = saved_model(tmp_path, tiny_model_dir, "pickled")
+    marker = tmp_path / "code-ran"
+    state = load_model_and_tokenizer(str(model))[0].state_dict()
+    if payload == "runs code":
+        (model / weights).write_bytes(pickle.dumps(_WritesAFileWhenUnpickled(marker)))
+    else:
+        torch.save(state, model / weights)
+    if config_key or index:
+        (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    else:
+        (model / "model.safetensors").unlink()
+    if config_key:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, config_key: weights}))
+    if index:
+        (model / "model.safetensors").unlink()
+        (model / index).write_text(json.dumps({"metadata": {}, "weight_map": dict.fromkeys(state, weights)}))
+    with pytest.raises(ModelError, match=rf"could not load model .*pickled.*Its pickle weights \({weights}\)"):
+        load_model_and_tokenizer(str(model))
+    assert not marker.exists()
+
+
+def test_pickle_weights_are_refused_through_the_command(tmp_path, tiny_model_dir):
     model = saved_model(tmp_path, tiny_model_dir, "pickled")
     (model / "model.safetensors").unlink()
     marker = tmp_path / "code-ran"
     (model / "pytorch_model.bin").write_bytes(pickle.dumps(_WritesAFileWhenUnpickled(marker)))
-    with pytest.raises(ModelError, match=r"could not load model .*pickled.*pickle weights are never loaded"):
-        load_model_and_tokenizer(str(model))
-    assert not marker.exists()
-    run_fails(tmp_path / "job", "pickle weights are never loaded", "--model_name_or_path", str(model))
+    run_fails(tmp_path / "job", "pickle weights (pytorch_model.bin)", "--model_name_or_path", str(model))
     assert not marker.exists()
 
 

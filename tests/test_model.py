@@ -1,6 +1,4 @@
 import json
-import pickle
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,26 +51,6 @@ def test_a_folder_that_is_not_a_model_or_is_missing_is_one_clear_error(tmp_path)
         load_model_and_tokenizer(str(tmp_path))
     with pytest.raises(ModelError, match="neither a local folder nor reachable"):
         load_model_and_tokenizer(str(tmp_path / "missing"))
-
-
-class _RunsCodeWhenUnpickled:
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
-
-
-def test_a_folder_with_pickle_weights_only_is_refused_without_unpickling_them(tmp_path, tiny_model_dir):
-    """use_safetensors=True: a pickle can run code when loaded, so a folder without model.safetensors is an error,
-    and its pickle is never opened."""
-    folder, marker = tmp_path / "model", tmp_path / "the-pickle-ran"
-    shutil.copytree(tiny_model_dir, folder)
-    (folder / "model.safetensors").unlink()
-    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
-    with pytest.raises(ModelError, match="could not load model .*pickle weights are never loaded"):
-        load_model_and_tokenizer(str(folder))
-    assert not marker.exists()
 
 
 def test_mismatched_label_map_is_refused(tmp_path, tiny_model_dir):
