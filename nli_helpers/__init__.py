@@ -21,7 +21,14 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 
-from .config import ConfigError, NLIError, TrainConfig, __version__, make_config
+import os
+
+from .config import ConfigError, NLIError, TrainConfig, __version__, cache_dir, make_config
+
+# torch makes torch.compile's kernel cache folder when dynamo is imported (transformers imports
+# it to load a model), by default an empty torchinductor_<user> in TMPDIR after every run. Here it
+# is one of the package's caches, where a compiled run's kernels wait for the next run.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinductor"))
 
 __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config", "run_training",
            "predict", "load_nli_splits"]

@@ -66,14 +66,11 @@ def save_checkpoint(root: str, step: int, model, tokenizer, state: dict, keep: i
             (Path(tmp) / MANIFEST).write_text(json.dumps({"step": step, "sha256": sums}))
             remove(target)  # a stale one of the same step (a rerun) stops counting first
             files.put(tmp, target, last=MANIFEST)
-    except (OSError, SafetensorError) as e:  # a full disk, a read-only folder, a refused bucket
-        kept = latest_checkpoint(root)
-        reason = getattr(e, "strerror", None) or e  # SafetensorError has none
-        raise CheckpointError(f"could not write checkpoint {target} ({reason}); "
-                              + (f"the previous checkpoint {kept} is kept. " if kept else "")
-                              + "Free space, or pass --checkpoint_dir with a folder you can "
-                              "write") from e
-    for _, old in sorted(_complete(root))[:-keep] if keep > 0 else []:
+    except (OSError, SafetensorError, files.StorageError) as e:  # a full disk, a lost bucket
+        raise CheckpointError(f"could not write checkpoint {target} ({files.reason(e)}); "
+                              f"{files.what_is_kept(root, latest_checkpoint)}. Free space, or pass "
+                              "--checkpoint_dir with a folder you can write") from e
+    for _, old in sorted(checkpoints(root))[:-keep] if keep > 0 else []:
         remove(old)
     return target
 
@@ -87,7 +84,7 @@ def remove(path: str) -> None:
         fs.rm(p, recursive=True)
 
 
-def _complete(root: str) -> list[tuple[int, str]]:
+def checkpoints(root: str) -> list[tuple[int, str]]:
     """(step, path) of every checkpoint-<step> under `root` with a manifest."""
     fs, p = files.filesystem(root)
     found = fs.glob(files.join(p, "checkpoint-*", MANIFEST)) if fs.exists(p) else []
@@ -111,7 +108,7 @@ def damage(path: str) -> str | None:
 
 def latest_checkpoint(root: str) -> str | None:
     """The newest intact checkpoint under `root`, or None; skips a damaged one with a warning."""
-    for _, path in sorted(_complete(root), reverse=True):
+    for _, path in sorted(checkpoints(root), reverse=True):
         problem = damage(path)
         if problem is None:
             return path
@@ -120,16 +117,22 @@ def latest_checkpoint(root: str) -> str | None:
     return None
 
 
-def load_checkpoint(path: str, model: torch.nn.Module) -> dict:
-    """Load weights into `model` and return the training state (never through pickle)."""
+def load_checkpoint(path: str, model: torch.nn.Module, check=lambda state: None) -> dict:
+    """Return the training state and load the weights into `model` (never through pickle);
+    `check(state)` runs in between, so a resume with other settings is refused before the weights
+    of another model fail to load."""
     fs, p = files.filesystem(path)
     if not fs.exists(files.join(p, MANIFEST)):
         raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pass "
                               "--resume_from_checkpoint auto for the newest complete one")
     try:
+        state = torch.load(io.BytesIO(fs.cat_file(files.join(p, STATE))), map_location="cpu",
+                           weights_only=True)
+        check(state)
         model.load_state_dict(load(fs.cat_file(files.join(p, "model.safetensors"))))
-        return torch.load(io.BytesIO(fs.cat_file(files.join(p, STATE))), map_location="cpu",
-                          weights_only=True)
+        return state
+    except CheckpointError:
+        raise
     except Exception as e:  # safetensors, pickle and torch raise many types for one bad file
         why = " ".join(str(e).split())[:300]  # one line: torch's own messages span several
         raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: "
@@ -155,8 +158,8 @@ def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainCo
                     info: DistInfo, device: torch.device, precision: str,
                     fingerprint: str | None = None) -> dict:
     """Restore model, optimizer, schedule, scaler and this rank's RNG; return the loop position."""
-    state = load_checkpoint(path, model)
-    check_resumable(path, state, cfg, info.world_size, precision, fingerprint)
+    state = load_checkpoint(path, model, lambda state: check_resumable(
+        path, state, cfg, info.world_size, precision, fingerprint))
     model.to(device)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ QUIET_LOG_LEVELS = ("warning", "error", "critical")
 # "Profiles", and benchmarks/README.md.
 PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
     # The hand-written sample (231 training pairs, the offline fallback): short epochs, high lr.
-    "smoke": {"model_name_or_path": "minilm-l6", "data": "sample", "num_train_epochs": 6,
+    # Its data is chosen in make_config: $NLI_REAL_DATA, else mnli-subset, else the sample.
+    "smoke": {"model_name_or_path": "minilm-l6", "num_train_epochs": 6,
               "per_device_train_batch_size": 16, "learning_rate": 2e-4, "warmup_ratio": 0.1,
               "weight_decay": 0.01},
     # Smoke on real pairs (mnli-subset or $NLI_REAL_DATA): two epochs.
@@ -117,6 +119,8 @@ class TrainConfig:
                           "default: $NLI_REAL_DATA, else mnli-subset, else sample")
     output_dir: str | None = _f(None, "where the run is saved, local or gs://; default "
                                 "runs/train-<time>")
+    overwrite_output_dir: bool = _f(False, "replace the finished run or the earlier run's "
+                                    "checkpoints that --output_dir holds (else refused)")
     num_train_epochs: float = _f(3, "training epochs (a fraction stops part way through)")
     per_device_train_batch_size: int = _f(32, "training pairs per process per micro-batch")
     per_device_eval_batch_size: int = _f(128, "pairs per process per evaluation batch")
@@ -255,12 +259,28 @@ def _whole_number(text: str) -> int:
 
 
 _whole_number.__name__ = "whole number"  # argparse: "invalid whole number value: '16.5'"
+UNSET = object()  # a flag not given: the profile and the --config file fill it in
+
+
+def profile_values(name: str) -> str:
+    """What the profiles set `name` to, for its --help line ('' where none does)."""
+    def shown(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    sample = PROFILE_DEFAULTS["smoke"].get(name)
+    real = PROFILE_DEFAULTS["smoke_real_data"].get(name, sample)
+    full = PROFILE_DEFAULTS["full"].get(name)
+    notes = [] if sample is None and real is None else [
+        f"smoke {shown(sample)}" if sample == real else
+        f"smoke {shown(real)} with real data, {shown(sample)} on the sample"]
+    notes += [] if full is None else [f"full {shown(full)}"]
+    return f"; {', '.join(notes)}" if notes else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Every TrainConfig field as a flag (HfArgumentParser: `--name` and `--name-with-dashes`,
-    `--no_name` for a boolean that is on), `--config FILE`, and `--bf16` for `--precision bf16`.
-    A flag left out is absent from the result, so the profile and the file can fill it."""
+    `--no_name` for a boolean that is on), its help with its default and the profiles' values,
+    `--config FILE`, and `--bf16` for `--precision bf16`."""
     from transformers import HfArgumentParser  # not at import: --help answers before torch loads
 
     class Parser(HfArgumentParser):
@@ -268,18 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
             self.exit(2, f"error: {message} (python -m nli_helpers.task --help lists every "
                       "option)\n")
 
-    parser = Parser(TrainConfig, prog="python -m nli_helpers.task", allow_abbrev=False,
+    # The flags' own dataclass: TrainConfig's fields, their help naming the profiles' values, and
+    # whole numbers for int fields ("16.0" is 16: Vertex AI tuning passes discrete values so).
+    hints = typing.get_type_hints(TrainConfig)
+    flags = dataclasses.make_dataclass("TrainConfigFlags", [
+        (f.name, _whole_number if hints[f.name] in (int, int | None) else hints[f.name],
+         field(default=f.default, metadata={**f.metadata,
+                                            "help": f.metadata["help"] + profile_values(f.name)}))
+        for f in dataclasses.fields(TrainConfig)])
+    parser = Parser(flags, prog="python -m nli_helpers.task", allow_abbrev=False,
                     description="Fine-tune a transformer on NLI (MultiNLI), locally or on Vertex "
-                    "AI. Flags override --config, which overrides the profile.")
-    for action in parser._actions:
-        if action.dest != "help":
-            action.default = argparse.SUPPRESS
-        if action.type is int:
-            action.type = _whole_number
-    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                    "AI. Flags override --config, which overrides the profile (smoke by default).")
+    parser.add_argument("--config", metavar="FILE",
                         help="a YAML or JSON file of these fields (a run's train_config.json too)")
     parser.add_argument("--bf16", action="store_const", const="bf16", dest="precision",
-                        default=argparse.SUPPRESS, help="shorthand for --precision bf16")
+                        help="shorthand for --precision bf16")
     return parser
 
 
@@ -305,10 +328,17 @@ def parse_args(argv: list[str] | None = None, verbose: bool = True) -> TrainConf
     same parser as flags (written before them, so a flag wins), and so get the same types."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    values = vars(parser.parse_args(argv))
-    if "config" in values:
+
+    def given(args: list[str]) -> dict[str, Any]:
+        """The fields `args` set: every field starts UNSET, so argparse fills in no default."""
+        unset = argparse.Namespace(**dict.fromkeys(TrainConfig.field_names(), UNSET))
+        values = vars(parser.parse_args(args, namespace=unset))
+        return {k: v for k, v in values.items() if v is not UNSET}
+
+    values = given(argv)
+    if values.get("config") is not None:
         from_file = [f"--{k}={v}" for k, v in read_config_file(values["config"]).items()
                      if v is not None]
-        values = vars(parser.parse_args(from_file + argv))
-        del values["config"]
+        values = given(from_file + argv)
+    values.pop("config", None)
     return make_config(values.pop("profile", "smoke"), verbose=verbose, **values)

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,19 +156,28 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
     path = str(SAMPLE_PATH) if source == "sample" else source
     try:
         fs, inside = files.filesystem(path)
-        is_dir, is_file = fs.isdir(inside), fs.isfile(inside)
+        info = fs.info(inside)  # one request: isdir and isfile would each hide a fault as False
+    except FileNotFoundError:
+        info = {"type": None}
     except (OSError, ValueError) as e:  # a NUL byte or a name too long for the filesystem
-        raise DataError(f"--data {source!r} is not a usable path ({e})") from e
-    if is_dir:
+        shown = source if len(source) < 200 else source[:200] + "..."
+        raise DataError(f"--data {shown!r} is not a usable path "
+                        f"({getattr(e, 'strerror', None) or e})") from e
+    if info["type"] == "directory":
         return {split: normalise_frame(tables.read_pairs(f), f, report)
                 for split, f in split_files(fs, inside, source).items()}
-    named = tables.file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~"))
-    if named and not is_file:  # a missing folder too, not "unsupported file type"
-        raise DataError(f"data file {source} does not exist; pass --data with an existing file, a "
-                        "folder of split files, a gs:// URI, a hub name or 'sample'")
-    if is_file:
+    if info["type"] == "other":  # reading a named pipe would wait for a writer
+        mode = info.get("mode", 0)
+        what = "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+            else "a device"
+        raise DataError(f"--data {source} is {what}, not a regular file; write the pairs to a "
+                        "file and pass that")
+    if info["type"] == "file":
         name = "bundled sample" if source == "sample" else source
         return {"train": normalise_frame(tables.read_pairs(os.path.expanduser(path)), name, report)}
+    if tables.file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~")):
+        raise DataError(f"data file {source} does not exist; pass --data with an existing file, a "
+                        "folder of split files, a gs:// URI, a hub name or 'sample'")
     return _load_hub(source, report)
 
 

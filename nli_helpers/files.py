@@ -5,12 +5,17 @@
 
 A local path loads no Cloud Storage code; a gs:// one loads gcsfs, which follows
 STORAGE_EMULATOR_HOST (tests, localcloud) and otherwise uses Application Default Credentials.
+A request that Cloud Storage does not answer is retried a few times, each retry said on stderr,
+then ends in one `StorageError` line that names the endpoint and the cause.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
+import sys
 from pathlib import Path
 
 from fsspec import AbstractFileSystem
@@ -24,6 +29,16 @@ CREDENTIALS_HELP = (
     "to a service-account key file; on Vertex AI give the job a service account")
 
 
+# Seconds before each retry of a request Cloud Storage did not answer (a refused connection, a
+# timeout, a 429 or 5xx): a fault is one line within about 10 s, where gcsfs alone retries each
+# request 6 times over ~35 s, silently, and a caller's next request does the same again.
+RETRY_DELAYS = (1, 2, 4)
+
+
+class StorageError(NLIError):
+    """Cloud Storage did not answer, after the retries."""
+
+
 def is_gcs_uri(path: object) -> bool:
     return isinstance(path, str) and path.startswith("gs://")
 
@@ -35,12 +50,52 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str]:
         return url_to_fs(os.path.expanduser(path))
     # Never gcsfs's silent anonymous fallback; no listings cache: other processes write here too.
     token = "anon" if os.environ.get("STORAGE_EMULATOR_HOST") else "google_default"
+    import aiohttp
+
+    # A connection that never opens, or an answer that stops, fails the try (gcsfs sets no timeout).
+    timeout = aiohttp.ClientTimeout(sock_connect=5, sock_read=60)
     try:
-        return url_to_fs(path, token=token, consistency="md5", use_listings_cache=False)
+        fs = _storage_class()(token=token, consistency="md5", use_listings_cache=False,
+                              requests_timeout=timeout)
     except Exception as e:  # google.auth's DefaultCredentialsError, without importing google.auth
         if type(e).__name__ == "DefaultCredentialsError":
             raise NLIError(CREDENTIALS_HELP) from e
         raise
+    return fs, fs._strip_protocol(path)
+
+
+@functools.cache
+def _storage_class() -> type:
+    """gcsfs's file system, its requests retried as RETRY_DELAYS says, each retry said."""
+    import gcsfs
+    from gcsfs.retry import is_retriable
+
+    one_try = gcsfs.GCSFileSystem._request.__wrapped__  # gcsfs's request, without its retries
+
+    class Storage(gcsfs.GCSFileSystem):
+        said = ""  # the last retry line printed
+
+        async def _request(self, method, path, *args, **kwargs):
+            for retry, delay in enumerate((*RETRY_DELAYS, None), 1):
+                try:
+                    return await one_try(self, method, path, *args, **kwargs)
+                except Exception as e:
+                    if not is_retriable(e):  # a 404, a 403: an answer, not a fault
+                        raise
+                    cause = " ".join(str(e).split())[:200] or type(e).__name__
+                    if delay is None:
+                        raise StorageError(
+                            f"Cloud Storage at {self._location} did not answer ({cause}) after "
+                            f"{retry} tries over {sum(RETRY_DELAYS)} s; check the network and "
+                            "the bucket (or STORAGE_EMULATOR_HOST), then rerun") from None
+                    said = (f"warning: Cloud Storage at {self._location}: {cause}; retry "
+                            f"{retry}/{len(RETRY_DELAYS)} in {delay} s")
+                    if said != self.said:  # requests sent together fail together: one line
+                        print(said, file=sys.stderr, flush=True)
+                        self.said = said
+                    await asyncio.sleep(delay)
+
+    return Storage
 
 
 def join(*parts: str) -> str:
@@ -58,6 +113,24 @@ def put(local: str | os.PathLike[str], target: str, *, last: str | None = None) 
         dest = join(root, file.relative_to(local).as_posix()) if local.is_dir() else root
         fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(str(file), dest)
+
+
+def reason(e: Exception) -> str:
+    """A failed read or write in a few words: the OS's reason, or the library's message."""
+    if isinstance(e, FileNotFoundError) and not e.strerror:  # gcsfs's 404 names only the URL
+        return f"not found: {e} (is the bucket there?)"
+    return getattr(e, "strerror", None) or " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def what_is_kept(root: str, newest) -> str:
+    """What a failed save leaves: `newest(root)`, the newest complete checkpoint under `root`, or
+    where Cloud Storage does not answer, the checkpoints it holds (asking again would not help)."""
+    if is_gcs_uri(root):
+        return (f"the checkpoints already in {root} are kept: rerun with "
+                "--resume_from_checkpoint auto once Cloud Storage answers")
+    kept = newest(root)
+    return (f"the newest checkpoint, {kept}, is kept: rerun with --resume_from_checkpoint auto to "
+            "continue from it" if kept else "there is no checkpoint to resume from")
 
 
 def check_writable(path: str, flag: str) -> None:

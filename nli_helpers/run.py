@@ -32,7 +32,8 @@ from transformers import set_seed
 
 from . import distributed as dist
 from . import files
-from .checkpoint import latest_checkpoint
+from .checkpoint import RESUME_CRITICAL, checkpoints, latest_checkpoint
+from .checkpoint import remove as remove_checkpoint
 from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
 from .model import check_model_fits, load_model_and_tokenizer
@@ -66,6 +67,10 @@ class RunStopped(NLIError):
         self.step, self.checkpoint = step, checkpoint
 
 
+class RunFinished(NLIError):
+    """--resume_from_checkpoint auto found the run finished: nothing to do (the command exits 0)."""
+
+
 def run_training(cfg: TrainConfig, *, verbose: bool = True,
                  callbacks: Sequence[TrainCallback] = (),
                  exit_on_sigterm: Callable[[], bool] = lambda: False) -> TrainResult:
@@ -86,6 +91,9 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
             (job_dir, "--output_dir"), (cfg.checkpoint_dir, "--checkpoint_dir")) if path], info)
         callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
         with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
+            if dist.on_main_process(lambda: check_output_dir(cfg, job_dir, root), info):
+                raise RunFinished(f"{job_dir} holds this run, finished: --resume_from_checkpoint "
+                                  "auto has nothing to do (--overwrite_output_dir trains it again)")
             result = _train_and_save(cfg, job_dir, root, info, callbacks,
                                      verbose and info.is_main, exit_on_sigterm)
     finally:
@@ -198,16 +206,43 @@ def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = No
                 f.writelines(json.dumps(row) + "\n" for row in result.history)
             Path(tmp, "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
             files.put(tmp, job_dir, last="metrics.json")
-    except (OSError, SafetensorError) as e:  # a full disk, a read-only folder, a refused bucket
-        kept = latest_checkpoint(checkpoint_root) if checkpoint_root else None
-        reason = getattr(e, "strerror", None) or e  # SafetensorError has none
-        raise NLIError(f"could not write the trained model to {job_dir} ({reason}). "
-                       "Free space, or pass --output_dir with a folder you can write. "
-                       + (f"The newest checkpoint, {kept}, is kept: rerun the same command with "
-                          "--resume_from_checkpoint auto to train only the steps after it" if kept
-                          else "There is no checkpoint to resume from")) from e
+    except (OSError, SafetensorError, files.StorageError) as e:  # a full disk, a lost bucket
+        kept = files.what_is_kept(checkpoint_root, latest_checkpoint) if checkpoint_root else \
+            "there is no checkpoint to resume from"
+        raise NLIError(f"could not write the trained model to {job_dir} ({files.reason(e)}); "
+                       f"{kept}. Free space, or pass --output_dir with a folder you can "
+                       "write") from e
     result.output_dir = job_dir
     return job_dir
+
+
+def check_output_dir(cfg: TrainConfig, job_dir: str, root: str) -> bool:
+    """Refuse a finished run (metrics.json) in `job_dir`, and an earlier run's checkpoints in
+    `root` where this run would start afresh, unless --overwrite_output_dir, which removes both
+    first: a failed run never takes an earlier result with it, nor resumes another run. True when
+    `--resume_from_checkpoint auto` meets the finished run: nothing is left to do."""
+    fs, path = files.filesystem(job_dir)
+    metrics = files.join(path, "metrics.json")
+    finished = fs.exists(metrics)
+    saved = checkpoints(root)
+    if cfg.overwrite_output_dir:
+        if finished:
+            fs.rm_file(metrics)
+        for _, old in saved:
+            remove_checkpoint(old)
+        return False
+    if finished and cfg.resume_from_checkpoint == "auto":  # done, unless the settings changed
+        saved_config = json.loads(fs.cat_file(files.join(path, "train_config.json")))
+        if all(saved_config.get(k) == getattr(cfg, k) for k in RESUME_CRITICAL):
+            return True
+    if finished:
+        raise NLIError(f"{job_dir} holds a finished run (metrics.json); pass "
+                       "--overwrite_output_dir to replace it, or another --output_dir")
+    if saved and not cfg.resume_from_checkpoint:
+        raise NLIError(f"{root} holds an earlier run's checkpoints (the newest at step "
+                       f"{max(saved)[0]}); pass --resume_from_checkpoint auto to continue it, "
+                       "--overwrite_output_dir to start over, or another --output_dir")
+    return False
 
 
 def run_lock(folder: str) -> filelock.FileLock:

@@ -50,14 +50,10 @@ def read_pairs(path: str) -> pd.DataFrame:
                 df = pd.read_parquet(f).reset_index(drop=True)
             elif kind in (".json", ".jsonl"):
                 df = _read_json(f, path)
-            else:  # TSV quotes are text: raw MultiNLI's are often unbalanced (`"Hello," he said.`)
-                data = f.read()
-                tab = kind in (".tsv", ".txt")  # raw MultiNLI's multinli_1.0_*.txt are TSV
-                if tab:
-                    _check_tsv_fields(data, path)
-                tsv = {"sep": "\t", "quoting": csv.QUOTE_NONE} if tab else {}
-                df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False,
-                                 encoding="utf-8-sig", **tsv)
+            elif kind in (".tsv", ".txt"):  # raw MultiNLI's multinli_1.0_*.txt are TSV
+                df = _read_tsv(f.read().decode("utf-8-sig"), path)
+            else:
+                df = pd.read_csv(f, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     except DataError:
         raise
     except FileNotFoundError:
@@ -74,16 +70,29 @@ def read_pairs(path: str) -> pd.DataFrame:
     return df
 
 
-def _check_tsv_fields(data: bytes, path: str) -> None:
-    """Each TSV line is one row (quotes are text): a line with fewer fields than the header would
-    read as a pair without a label, dropped as "unlabelled"; a DataError naming it instead."""
-    lines = data.split(b"\n")
-    width = lines[0].count(b"\t")
-    short = next((n for n, line in enumerate(lines[1:], 2)
-                  if line.strip() and line.count(b"\t") < width), None)
-    if short:
-        raise DataError(f"{path} line {short} has fewer fields than the header: a tab or newline "
-                        "inside a field (TSV quotes are text), or a line cut short")
+# A field in standard TSV quoting (pandas' and csv's default) that holds a quote: wrapped in quotes,
+# its own doubled. MultiNLI's quotes are text, and never doubled inside a wrapped field.
+DOUBLED_QUOTES = re.compile(r'(?:^|\t)"(?:[^"\t\n]|"")*""(?:[^"\t\n]|"")*"\r?(?:\t|$)', re.M)
+
+
+def _read_tsv(text: str, path: str) -> pd.DataFrame:
+    """A TSV in either of two conventions. MultiNLI's own files treat quotes as text (its quotes
+    are often unbalanced: `"Hello," he said.`), so each line is a row and each tab a border.
+    pandas and csv quote a field that holds a tab, a newline or a quote: read so where a line's
+    field count or a doubled quote says the file was written that way."""
+    lines = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
+    rows = [line.split("\t") for line in lines]
+    if DOUBLED_QUOTES.search(text) or any(len(row) != len(rows[0]) for row in rows):
+        reader = csv.reader(io.StringIO(text), delimiter="\t")
+        rows = []
+        for row in reader:
+            if row and rows and len(row) != len(rows[0]):
+                raise DataError(f"{path} line {reader.line_num} has {len(row)} fields where the "
+                                f"header has {len(rows[0])}, read with quotes as text or as "
+                                "standard TSV quoting: a line cut short, or a tab inside a field "
+                                "that is not quoted")
+            rows += [row] if row else []
+    return pd.DataFrame(rows[1:], columns=rows[0]) if rows else pd.DataFrame()
 
 
 def _read_json(f, name: str) -> pd.DataFrame:

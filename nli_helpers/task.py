@@ -64,10 +64,13 @@ def _run_command(argv: list[str] | None, platform: Platform) -> int:
     except NLIError as e:
         return _error(e)
     # Lazy, and the only lazy import here: torch loads after the flags, so --help answers at once.
-    from .run import RunStopped, run_training
+    from .run import RunFinished, RunStopped, run_training
 
     try:
         run_training(cfg, callbacks=callbacks, exit_on_sigterm=platform.exit_on_sigterm)
+    except RunFinished as e:
+        print(e)
+        return 0
     except RunStopped as e:
         code, note = platform.stopped(e)
         print(f"stopped: {e}; exiting {code}{note}", file=sys.stderr)

@@ -116,6 +116,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                             info, device, precision, fingerprint))
     log = TrainLog(cfg, info, total_steps, state, callbacks)
     saved_at = clock()  # the last checkpoint (or the start), for checkpoint_every_minutes
+    saved = (state.step, resume_from) if resume_from else (-1, None)  # the newest checkpoint
     if resume_from:
         log.message(f"resumed from {resume_from} at step {state.step}")
 
@@ -127,14 +128,19 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         log.evaluated(state, len(loader), scores)
 
     def checkpoint_now() -> str | None:
-        nonlocal saved_at
+        nonlocal saved_at, saved
         if not checkpoint_root or cfg.save_total_limit < 1:
             return None
         saved_at = clock()
+        # A step is saved once (save_steps at an epoch's end would write it twice): replacing a
+        # complete checkpoint would leave none while the copy runs.
+        if saved[0] == state.step:
+            return saved[1]
         log.flush(state, len(loader))  # a complete history; a non-finite loss stops before a save
-        return save_training(checkpoint_root, cfg.save_total_limit, state.step, model, tokenizer,
-                             optimizer, scheduler, scaler, asdict(state), cfg, info, device,
-                             precision, fingerprint)
+        saved = (state.step, save_training(
+            checkpoint_root, cfg.save_total_limit, state.step, model, tokenizer, optimizer,
+            scheduler, scaler, asdict(state), cfg, info, device, precision, fingerprint))
+        return saved[1]
 
     start = time.perf_counter()
     while state.step < total_steps:

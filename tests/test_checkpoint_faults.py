@@ -4,6 +4,7 @@ and the reason), never a raw traceback."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -189,3 +190,66 @@ def test_a_checkpoint_dir_under_a_file_is_refused_before_training_with_the_real_
                                        r"\(Not a directory\); pass --checkpoint_dir"):
         run_training(cfg)
     assert not (tmp_path / "job" / "history.jsonl").exists()  # refused before training, not after an epoch
+
+
+# -- nothing lost: a complete checkpoint is never replaced, an earlier run's result never taken with a failure --------
+def test_a_step_is_saved_once_so_no_moment_is_without_its_complete_checkpoint(tmp_path, monkeypatch):
+    """save_steps equal to an epoch's steps lands on the epoch's end, which checkpoints too: the step is written once.
+    A second write would first remove the complete copy, and a kill then would leave the step without one."""
+    from nli_helpers import checkpoint
+    from nli_helpers.run import run_training
+
+    written = []
+
+    def save_once(root, step, *args, **kwargs):
+        assert not (Path(root) / f"checkpoint-{step:08d}" / MANIFEST).exists(), f"step {step} saved again"
+        written.append(step)
+        return original(root, step, *args, **kwargs)
+
+    original = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_once)
+    cfg = make_config("smoke", data="sample", model_name_or_path=tiny_model(), output_dir=str(tmp_path / "job"),
+                      max_train_samples=64, per_device_train_batch_size=8, num_train_epochs=3, save_steps=8,
+                      save_total_limit=5, precision="fp32", progress=False)
+    run_training(cfg, verbose=False)
+    assert written == [8, 16]  # 8 steps an epoch; the last step's state is the result itself
+
+
+def finished_run(tmp_path: Path) -> tuple[list[str], Path, dict[str, bytes]]:
+    job = tmp_path / "job"
+    args = ["--data", "sample", "--model_name_or_path", tiny_model(), "--output_dir", str(job), "--no-progress",
+            "--max_train_samples", "32", "--num_train_epochs", "2", "--per_device_train_batch_size", "8"]
+    from tests.helpers import run_task
+
+    assert run_task(*args).returncode == 0
+    return args, job, {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()}
+
+
+def test_a_finished_run_is_refused_unless_overwrite_output_dir_so_no_failure_takes_it(tmp_path):
+    from tests.helpers import run_task
+
+    args, job, before = finished_run(tmp_path)
+    again = run_task(*args)
+    assert again.returncode == 2 and again.stderr.strip() == (
+        f"error: {job} holds a finished run (metrics.json); pass --overwrite_output_dir to replace it, or another "
+        "--output_dir"), again.stderr
+    assert {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()} == before
+    replaced = run_task(*args, "--overwrite_output_dir", "--seed", "7")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert json.loads((job / "train_config.json").read_text())["seed"] == 7
+
+
+def test_an_earlier_runs_checkpoints_are_refused_for_a_fresh_run_and_overwrite_removes_them(tmp_path):
+    """A fresh run beside another run's checkpoints would prune them, or leave a later step of theirs for
+    --resume_from_checkpoint auto to continue with this run's settings."""
+    from tests.helpers import run_task
+
+    args, job, _ = finished_run(tmp_path)
+    (job / "metrics.json").unlink()  # a run killed before its final save: its checkpoint is the work it kept
+    refused = run_task(*args)
+    assert refused.returncode == 2 and f"{job}/checkpoints holds an earlier run's checkpoints (the newest at step " \
+        "4); pass --resume_from_checkpoint auto to continue it" in refused.stderr, refused.stderr
+    assert [p.name for p in (job / "checkpoints").iterdir()] == ["checkpoint-00000004"]
+    over = run_task(*args, "--overwrite_output_dir", "--save_steps", "1", "--save_total_limit", "9")
+    assert over.returncode == 0, over.stderr[-2000:]
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == [f"checkpoint-{s:08d}" for s in (1, 2, 3, 4, 5, 6, 7)]

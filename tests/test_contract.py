@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -37,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ROOT, ROWS
+from tests.helpers import ROOT, ROWS, free_port
 from tests.tiny_model import tiny_model
 
 FINISHED = ("metrics.json", "model.safetensors")
@@ -75,6 +76,21 @@ def world(tmp_path_factory) -> dict:
         if file.name.startswith(("tokenizer", "vocab", "special_tokens")):
             file.unlink()
     (base / "models/bad-config/config.json").write_text("{not json")
+    # Pickle weights named where transformers 5.23 would load them despite use_safetensors=True: config.json's
+    # transformers_weights, or a safetensors index's weight_map. The pickle writes PICKLE_RAN when unpickled.
+    for name, index in (("pickle-by-config", None), ("pickle-by-index", "model.safetensors.index.json")):
+        folder = base / "models" / name
+        shutil.copytree(tiny, folder)
+        models[name] = str(folder)
+        weights = "adapter_model.bin" if index is None else "pytorch_model.bin"
+        (folder / weights).write_bytes(pickle.dumps(WritesAFileWhenUnpickled(base / PICKLE_RAN)))
+        (folder / "model.safetensors").unlink()
+        if index:
+            (folder / index).write_text(json.dumps({"metadata": {}, "weight_map": {"classifier.bias": weights}}))
+        else:
+            config_json = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**config_json, "transformers_weights": weights}))
+            (folder / "model.safetensors").write_bytes(b"not safetensors")
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     small = AutoModelForSequenceClassification.from_pretrained(tiny, num_labels=3)
     small.resize_token_embeddings(len(tokenizer) - 20)  # ids past the end of the embedding table
@@ -100,6 +116,17 @@ def world(tmp_path_factory) -> dict:
     return {"base": base, "models": models, "finished": finished, "killed": killed}
 
 
+PICKLE_RAN = "a-pickle-ran"
+
+
+class WritesAFileWhenUnpickled:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
 def run_main(argv: list[str]) -> tuple[int, str, str]:
     """What `python -m nli_helpers.task ARGV` does, in this process: (exit code, stdout, stderr)."""
     from nli_helpers import task
@@ -113,7 +140,8 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-texts = st.one_of(st.sampled_from(["a man walks", "someone is outside", "  ", "", "\u00e9t\u00e9 \u2603", "a" * 300]),
+texts = st.one_of(st.sampled_from(["a man walks", "someone is outside", "  ", "", "\u00e9t\u00e9 \u2603", "a" * 300,
+                                   'he said "hi"', '"Hello," he said.', "a\ttab", "two\nlines"]),
                   st.text(max_size=20), st.none(), st.integers(-2, 2), st.lists(st.integers(), max_size=2))
 labels = st.one_of(st.sampled_from([0, 1, 2, "entailment", "neutral", "contradiction"]),
                    st.sampled_from([-1, "-", "", None, 3, "yes", 1.5, True, "Entailment", " neutral", "nan"]))
@@ -123,12 +151,18 @@ labels = st.one_of(st.sampled_from([0, 1, 2, "entailment", "neutral", "contradic
 def data_files(draw, folder: Path, hostile: bool) -> str:
     """A path or name for --data. Safe: the sample, or a file of good rows in a format and encoding the loader
     takes. Hostile: drawn rows (odd values, missing columns, one label), formats, encodings and damage."""
-    kind = draw(st.sampled_from(["file"] * 6 + ["sample", "missing", "empty-dir", "split-dir"] if hostile else
+    kind = draw(st.sampled_from(["file"] * 6 + ["sample", "missing", "empty-dir", "split-dir", "named-pipe",
+                                                 "gs-unreachable"] if hostile else
                                 ["file", "file", "sample", "split-dir"]))
     if kind == "sample":
         return "sample"
     if kind == "missing":
         return str(folder / "no-such-file.jsonl")
+    if kind == "named-pipe":
+        os.mkfifo(folder / "pairs.jsonl")
+        return str(folder / "pairs.jsonl")
+    if kind == "gs-unreachable":  # commands() points STORAGE_EMULATOR_HOST at a port where nothing listens
+        return "gs://no-answer/pairs.jsonl"
     if kind == "empty-dir":
         (folder / "data").mkdir()
         return str(folder / "data")
@@ -212,9 +246,10 @@ FLAGS = {  # flag -> (sane values, hostile values: edges and nonsense)
     "--group_by_length": (["True", "False"], ["maybe"]),
     "--unknown-flag": ([], [1]),
     "--job-dir": ([], ["elsewhere"]),  # the old names are unknown flags now
+    "--overwrite_output_dir": (["True", "False"], ["maybe"]),
 }
 MODELS = ("missing", "hub-like", "empty", "no-weights", "truncated-weights", "no-tokenizer", "small-vocab",
-          "few-positions", "bad-config")
+          "few-positions", "bad-config", "pickle-by-config", "pickle-by-index")
 
 
 @st.composite
@@ -224,12 +259,14 @@ def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str
     Each part (data, model, output dir, flags) is hostile in one case of four, so about a third of the cases are
     wholly sane and must train: the contract's first clause is tested as often as the others."""
     hostile = {part: draw(st.integers(0, 3)) == 0 for part in ("data", "model", "job", "flags")}
-    job_kind = draw(st.sampled_from(["file", "under-file", "long-name", "damaged"] if hostile["job"]
+    job_kind = draw(st.sampled_from(["file", "under-file", "long-name", "damaged", "killed-fresh"] if hostile["job"]
                                     else ["fresh", "fresh", "finished"]))
     event(f"output dir: {job_kind}")
     job = folder / "job"
     if job_kind == "finished":
         shutil.copytree(world["finished"], job)
+    elif job_kind == "killed-fresh":  # a killed run's checkpoints, and a run that does not resume them
+        shutil.copytree(world["killed"], job)
     elif job_kind == "damaged":  # a killed run's checkpoints, each damaged in a drawn way, and resuming
         shutil.copytree(world["killed"], job)
         for checkpoint in sorted((job / "checkpoints").glob("checkpoint-*")):
@@ -255,6 +292,8 @@ def commands(draw, world: dict, folder: Path) -> tuple[list[str], Path, dict[str
     elif job_kind == "long-name":
         job = folder / ("x" * 300) / "job"  # ENAMETOOLONG from mkdir, after every permission check
     before = {n: (job / n).read_bytes() for n in FINISHED if job_kind == "finished"}
+    if job_kind == "killed-fresh":  # the work a killed run kept: its checkpoints
+        before = {str(p.relative_to(job)): p.read_bytes() for p in (job / "checkpoints").rglob("*") if p.is_file()}
 
     model = draw(st.sampled_from(MODELS)) if hostile["model"] and job_kind != "damaged" else "tiny"
     event(f"model: {model}")
@@ -281,7 +320,7 @@ def assert_contract(code: int, out: str, err: str, job: Path, before: dict[str, 
             f"not one error: line at the end:\n{err[-3000:]}")
         errors = [lines[errors[0]]]
         event(f"error: {re.sub(r'[0-9/].*', '', errors[0].split('error: ', 1)[1])[:60]}")
-        if before:  # an earlier finished result is kept, byte for byte
+        if before:  # an earlier finished result, or a killed run's checkpoints, kept byte for byte
             assert {n: (job / n).read_bytes() for n in before} == before
         else:
             assert not exists(job / "metrics.json"), "a failed run left a metrics.json"
@@ -315,9 +354,28 @@ def test_the_command_keeps_its_contract_for_any_drawn_input(world, case):
     with tempfile.TemporaryDirectory(dir=world["base"]) as tmp:
         argv, job, before = case.draw(commands(world, Path(tmp)))
         note(" ".join(argv))
-        code, out, err = run_main(argv)
+        if "--overwrite_output_dir" in argv and argv[argv.index("--overwrite_output_dir") + 1] == "True":
+            before = {}  # the user asked to replace what is there
+        with storage_at(f"http://127.0.0.1:{free_port()}" if "gs://no-answer/pairs.jsonl" in argv else None):
+            code, out, err = run_main(argv)
         note(err[-3000:])
         assert_contract(code, out, err, job, before)
+        assert not (world["base"] / PICKLE_RAN).exists(), "a pickle in a model folder was unpickled"
+
+
+@contextlib.contextmanager
+def storage_at(endpoint: str | None):
+    """Cloud Storage at `endpoint` (None: as it is) while the block runs."""
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    if endpoint:
+        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    try:
+        yield
+    finally:
+        if endpoint and saved is None:
+            del os.environ["STORAGE_EMULATOR_HOST"]
+        elif endpoint:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
 
 
 # -- signals at any moment, then --resume_from_checkpoint auto -------------------------------------------------------

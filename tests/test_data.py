@@ -1,5 +1,6 @@
 import gzip
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -93,8 +94,8 @@ def test_bad_rows_raise_a_clear_error(tmp_path, rows, message):
 @pytest.mark.parametrize("name, content, message", [
     ("nope.jsonl", None, r"data file .*nope\.jsonl does not exist; pass --data with an existing file"),
     ("no-such-folder", None, r"data file .*no-such-folder does not exist"),
-    ("a\x00b.jsonl", None, "does not exist"),
-    ("x" * 5000 + ".jsonl", None, "does not exist"),
+    ("a\x00b.jsonl", None, r"is not a usable path \(embedded null byte\)"),
+    ("x" * 5000 + ".jsonl", None, r"x\.\.\.' is not a usable path \(File name too long\)"),
     ("empty.jsonl", b"", "is empty"),
     ("blank-lines.jsonl", b"\n  \n\n", "is empty"),
     ("header.csv", b"premise,hypothesis,label\n", r"header\.csv is empty \(no rows\)"),
@@ -189,20 +190,28 @@ def test_tokenised_once_truncated_never_padded(sample_splits):
 
 
 # -- ambiguous inputs: one rule each, never a silent choice ------------------------------------------------------
-def test_a_tsv_keeps_quotes_as_text_and_refuses_a_newline_inside_a_field(tmp_path):
-    # One rule for TSV: quotes are text (raw MultiNLI's are often unbalanced). A field that pandas
-    # quoted around a newline then splits its row: an error naming the line, not two pairs
-    # without a label dropped as "unlabelled".
+@pytest.mark.parametrize("writer", ["pandas", "csv"])
+def test_a_tsv_in_standard_quoting_reads_its_quotes_tabs_and_newlines(tmp_path, writer):
+    """pandas' and csv's default quoting wraps a field holding a quote, a tab or a newline, and doubles its quotes."""
+    import csv
+
+    premises = ['A man said "hi", then left.', "Line one\nline two", "a\ttab", '"Quoted" whole', "plain"]
+    frame = pd.DataFrame({"premise": premises, "hypothesis": ["one", "two", "three", "four", "five"],
+                          "label": ["entailment", "neutral", "contradiction", "neutral", "entailment"]})
     path = tmp_path / "pairs.tsv"
-    frame = pd.DataFrame({"premise": ['A man said "hi", then left.', "plain"], "hypothesis": ["one", "text"],
-                          "label": ["entailment", "neutral"]})
-    frame.to_csv(path, sep="\t", index=False)  # pandas' own quoting
-    assert read_pairs(str(path))["premise"].tolist() == ['"A man said ""hi"", then left."', "plain"]
-    frame.assign(hypothesis=["Line one\nline two", "text"]).to_csv(path, sep="\t", index=False)
-    with pytest.raises(DataError, match=r"pairs\.tsv line 2 has fewer fields than the header"):
-        load_nli_splits(str(path))
+    if writer == "pandas":
+        frame.to_csv(path, sep="\t", index=False)
+    else:
+        with open(path, "w", newline="") as f:
+            csv.writer(f, delimiter="\t").writerows([list(frame.columns), *frame.values.tolist()])
+    assert read_pairs(str(path))["premise"].tolist() == premises
+    assert len(load_nli_splits(str(path), eval_fraction=0.5)["train"]) > 0
+
+
+def test_a_tsv_cut_short_names_its_line(tmp_path):
+    path = tmp_path / "pairs.tsv"
     path.write_text("premise\thypothesis\tlabel\na\tb\tneutral\nc\td")  # a download cut short
-    with pytest.raises(DataError, match=r"pairs\.tsv line 3 has fewer fields than the header"):
+    with pytest.raises(DataError, match=r"pairs\.tsv line 3 has 2 fields where the header has 3"):
         load_nli_splits(str(path))
 
 
@@ -239,3 +248,10 @@ def test_a_file_mixing_both_schemas_keeps_every_row_and_prefers_premise_on_a_row
     # The one rule (tables.check_columns): premise/hypothesis/label where present, else the raw names.
     path.write_text('{"premise": "a b", "sentence1": "other", "hypothesis": "b", "label": "entailment"}\n')
     assert normalise_frame(read_pairs(str(path)), "mixed", LoadReport("mixed"))["premise"].tolist() == ["a b"]
+
+
+def test_a_named_pipe_is_named_as_such_not_reported_missing(tmp_path):
+    pipe = tmp_path / "pairs.jsonl"
+    os.mkfifo(pipe)  # reading it would wait for a writer that never comes
+    with pytest.raises(DataError, match=r"pairs\.jsonl is a named pipe, not a regular file"):
+        load_nli_splits(str(pipe))

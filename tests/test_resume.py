@@ -134,8 +134,18 @@ def test_resume_auto_without_checkpoints_starts_fresh_and_refuses_changed_settin
     assert first.returncode == 0 and "starting fresh" in first.stdout
     changed = run_task(*args(job, dropout_model, "--resume_from_checkpoint", "auto", "--num_train_epochs", "1",
                              "--learning_rate", "3e-4"))
+    assert changed.returncode == 2 and "holds a finished run" in changed.stderr, changed.stderr
+    (job / "metrics.json").unlink()  # as a run killed before its final save leaves it
+    changed = run_task(*args(job, dropout_model, "--resume_from_checkpoint", "auto", "--num_train_epochs", "1",
+                             "--learning_rate", "3e-4"))
     assert changed.returncode == 2 and "Traceback" not in changed.stderr
     assert "learning_rate (0.0002 -> 0.0003) changed" in changed.stderr
+    # Another model: the settings are compared before its weights would fail to load, in one line.
+    other = run_task(*args(job, "minilm-l6", "--resume_from_checkpoint", "auto", "--num_train_epochs", "1"))
+    errors = [line for line in other.stderr.splitlines() if line.startswith("error:")]
+    assert other.returncode == 2 and len(errors) == 1 and "size mismatch" not in other.stderr, other.stderr
+    assert f"cannot resume from {job}/checkpoints/checkpoint-" in other.stderr
+    assert f"model_name_or_path ({dropout_model!r} -> 'minilm-l6')" in other.stderr
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -196,7 +206,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_error_and_keeps_the_previous_one
     outcome = result["outcome"]
     assert outcome.startswith(f"could not write checkpoint {disk}/ckpt/checkpoint-00000002 ("), outcome
     assert "No space left on device" in outcome, outcome
-    assert f"the previous checkpoint {disk}/ckpt/checkpoint-00000001 is kept" in outcome, outcome
+    assert f"the newest checkpoint, {disk}/ckpt/checkpoint-00000001, is kept" in outcome, outcome
     assert result["latest"].endswith("checkpoint-00000001") and result["state"] == 1
     assert result["manifests"] == ["checkpoint-00000001"]  # what was half-written does not count
     assert result["aside"] == []  # nor is it left aside
@@ -215,7 +225,7 @@ def test_a_full_disk_at_the_final_save_is_one_message_and_resume_finishes_the_ru
     assert error.startswith(f"error: could not write the trained model to {job} (No space left on device)"), error
     assert "pass --output_dir with a folder you can write" in error
     kept = latest_checkpoint(str(checkpoints))
-    assert kept and f"The newest checkpoint, {kept}, is kept" in error
+    assert kept and f"the newest checkpoint, {kept}, is kept" in error
     assert "--resume_from_checkpoint auto" in error
     left = full.stdout.split("LEFT:")[-1].split()
     assert "metrics.json" not in left, left  # no result that could pass for a finished run

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,7 +171,7 @@ def test_a_damaged_or_unfinished_gs_checkpoint_is_skipped(gcs_bucket, tiny, caps
     with pytest.raises(checkpoint.CheckpointError, match="is not a complete checkpoint"):
         checkpoint.load_checkpoint(third, model)
     kept = checkpoint.save_checkpoint(root, 4, model, tokenizer, {"step": 4}, keep=2)  # prunes all but the newest 2
-    assert sorted(step for step, _ in checkpoint._complete(root)) == [2, 4] and checkpoint.latest_checkpoint(root) == kept
+    assert sorted(step for step, _ in checkpoint.checkpoints(root)) == [2, 4] and checkpoint.latest_checkpoint(root) == kept
 
 
 # -- a whole run to gs:// ---------------------------------------------------------------------------------------
@@ -193,3 +195,104 @@ def test_a_run_writes_its_result_and_checkpoints_to_gs(gcs_bucket, tmp_path, cap
     fs.get(root, str(tmp_path / "run"), recursive=True)
     model, _ = load_model_and_tokenizer(str(tmp_path / "run"))  # what from_pretrained opens
     assert model.config.num_labels == 3
+
+
+# -- Cloud Storage that fails: bounded retries that say so, then one line naming the endpoint and the cause ----------
+STORAGE_FAULT_BOUND_S = 15  # the whole fault, from the first failed request to the error line (issue 50)
+
+
+def test_an_unreachable_endpoint_is_one_error_naming_it_within_the_bound(monkeypatch, capsys):
+    import time
+
+    from nli_helpers.data import load_nli_splits
+    from tests.helpers import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    began = time.monotonic()
+    with pytest.raises(files.StorageError) as err:
+        load_nli_splits("gs://some-bucket/pairs.jsonl")
+    assert time.monotonic() - began < STORAGE_FAULT_BOUND_S
+    assert str(err.value).startswith(f"Cloud Storage at {endpoint} did not answer (Cannot connect")
+    retries = [line for line in capsys.readouterr().err.splitlines() if "; retry " in line]
+    assert len(retries) == len(files.RETRY_DELAYS) and retries[0].startswith(f"warning: Cloud Storage at {endpoint}")
+
+
+def fault_mid_run(tmp_path: Path, fault: str) -> tuple[subprocess.CompletedProcess, float, str]:
+    """The command writing its checkpoints to a bucket of an emulator of its own, and `fault` after step 5: the
+    emulator stopped, or the bucket deleted. Returns the ended process, the seconds from the fault to its end, and
+    the checkpoint root."""
+    import time
+
+    from localcloud.gcs import start_emulator
+    from tests.helpers import ROOT
+    from tests.tiny_model import tiny_model
+
+    emulator = start_emulator()
+    try:
+        emulator.make_bucket("doomed")
+        root = "gs://doomed/run/checkpoints"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nli_helpers.task", "--data", "sample", "--model_name_or_path", tiny_model(),
+             "--output_dir", str(tmp_path / "job"), "--checkpoint_dir", root, "--save_steps", "2",
+             "--num_train_epochs", "3", "--per_device_train_batch_size", "8", "--logging_steps", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+            env={**os.environ, **emulator.env, "PYTHONUNBUFFERED": "1"})
+        for line in proc.stdout:
+            if line.startswith("step 5/"):
+                break
+        began = time.monotonic()
+        if fault == "endpoint gone":
+            emulator.stop()
+        else:
+            bucket = emulator.client().bucket("doomed")
+            for blob in bucket.list_blobs():
+                blob.delete()
+            bucket.delete()
+        output = line + proc.stdout.read()
+        proc.wait(timeout=120)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, output, ""), time.monotonic() - began, root
+    finally:
+        if fault != "endpoint gone":
+            emulator.stop()
+
+
+@pytest.mark.parametrize("fault", ["endpoint gone", "bucket deleted"])
+def test_storage_that_fails_mid_run_is_one_error_line_within_the_bound(tmp_path, fault):
+    proc, seconds, root = fault_mid_run(tmp_path, fault)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == proc.stdout.strip().splitlines()[-1], proc.stdout[-3000:]
+    assert errors[0].startswith(f"error: could not write checkpoint {root}/checkpoint-"), errors[0]
+    assert seconds < STORAGE_FAULT_BOUND_S, (seconds, proc.stdout[-2000:])
+    if fault == "endpoint gone":
+        assert "Cloud Storage at http://127.0.0.1:" in errors[0] and "did not answer" in errors[0]
+        assert "; retry 1/" in proc.stdout
+    else:
+        assert "(is the bucket there?)" in errors[0]
+    assert f"the checkpoints already in {root} are kept: rerun with --resume_from_checkpoint auto" in errors[0]
+    assert not (tmp_path / "job" / "metrics.json").exists()
+
+
+def test_a_gs_checkpoint_that_lost_its_weights_is_passed_over_for_the_one_before(gcs_bucket, tmp_path):
+    """Its manifest is still there, but the bucket no longer holds every file the manifest hashes: resume takes the
+    previous complete checkpoint and says which it skipped and why."""
+    from tests.helpers import run_task
+    from tests.tiny_model import tiny_model
+
+    job = f"gs://{gcs_bucket}/run"
+    args = ("--data", "sample", "--model_name_or_path", tiny_model(), "--output_dir", job, "--save_steps", "3",
+            "--save_total_limit", "3", "--max_train_samples", "64", "--per_device_train_batch_size", "8",
+            "--num_train_epochs", "2", "--no-progress", "--resume_from_checkpoint", "auto")
+    first = run_task(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    fs, root = files.filesystem(job)
+    fs.rm_file(files.join(root, "metrics.json"))  # as a run killed before its final save leaves it
+    saved = sorted(checkpoint.checkpoints(files.join(job, "checkpoints")))
+    newest, previous = saved[-1][1], saved[-2][1]
+    fs.rm_file(files.filesystem(files.join(newest, "model.safetensors"))[1])
+    again = run_task(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (f"warning: skipping damaged checkpoint {newest}: it cannot be read (FileNotFoundError" in again.stdout
+            and f"resuming from {previous}" in again.stdout), again.stdout

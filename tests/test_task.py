@@ -33,6 +33,20 @@ def test_help_lists_every_field_with_its_help():
     assert "--config FILE" in proc.stdout and "--bf16" in proc.stdout
 
 
+def test_help_shows_each_flags_default_and_the_profiles_values():
+    """Every value a profile sets is in --help beside the field's own default, as run_glue.py shows its defaults."""
+    from nli_helpers.config import PROFILE_DEFAULTS
+
+    help_text = " ".join(run_task("--help").stdout.split("options:")[1].split())  # argparse wraps lines
+    assert "peak AdamW learning rate; smoke 0.0001 with real data, 0.0002 on the sample, full 2e-05 (default: " \
+        "0.0001)" in help_text
+    for profile in ("smoke", "smoke_real_data", "full"):
+        for name, value in PROFILE_DEFAULTS[profile].items():
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            block = help_text.split(f"--{name.replace('_', '-')} ", 1)[1].split(" --", 1)[0]
+            assert shown in block.replace("- ", "-") and "(default: " in block, (profile, name, block)
+
+
 def test_help_answers_before_torch_loads():
     """The heavy libraries load after the arguments pass: `--help` and a bad flag answer at once (the parser is
     transformers' HfArgumentParser, which loads no torch)."""
@@ -199,9 +213,28 @@ def test_on_vertex_the_output_dir_defaults_to_aip_model_dir_and_checkpoints_resu
     assert proc.returncode == 0, proc.stderr
     assert (job / "metrics.json").is_file() and list(checkpoints.glob("checkpoint-*"))
     assert "AIP_CHECKPOINT_DIR is set (Vertex AI): resuming" in proc.stdout
+    metrics = (job / "metrics.json").read_bytes()
+    again = run_task(*args, env=env, module=VERTEX_ENTRY)  # a restart after the run finished: nothing to do
+    assert again.returncode == 0 and "finished: --resume_from_checkpoint auto has nothing to do" in again.stdout
+    assert (job / "metrics.json").read_bytes() == metrics
+    (job / "metrics.json").unlink()  # as a replica killed before its final save leaves it
     again = run_task(*args, env=env, module=VERTEX_ENTRY)  # Vertex AI restarts a replica with the same command
     assert again.returncode == 0 and "resuming from " + str(checkpoints) in again.stdout, again.stderr
 
+
+
+def test_a_run_leaves_nothing_in_tmpdir(tmp_path, tiny_model_dir):
+    """torch makes its compile cache folder when transformers imports dynamo: in the package's cache, not TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # this process set it
+    proc = subprocess.run([sys.executable, "-m", "nli_helpers.task", "--data", "sample", "--model_name_or_path",
+                           tiny_model_dir, "--max_train_samples", "16", "--num_train_epochs", "1", "--output_dir",
+                           str(tmp_path / "job"), "--no-progress"], capture_output=True, text=True, cwd=ROOT,
+                          env={**env, "TMPDIR": str(tmp), "NLI_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(tmp.iterdir()) == []
+    assert (tmp_path / "cache" / "torchinductor").is_dir()
 
 
 def test_a_quiet_log_level_quiets_the_replicas_resume_line(capsys, tmp_path):
