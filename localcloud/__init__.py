@@ -29,12 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from localcloud.gcs import GcsEmulator, start_emulator
-from localcloud.image import TRAINER_IMAGE, project_sdist, trainer_image_python
-from localcloud.vertex import FakeVertex
-
-__all__ = ["FakeVertex", "GcsEmulator", "LocalCloud", "TRAINER_IMAGE", "environment", "project_sdist",
-           "start_emulator", "trainer_image_python"]
+__all__ = ["LocalCloud", "environment"]  # the parts: localcloud.gcs, .vertex, .image, .replica
 
 
 @contextlib.contextmanager
@@ -76,6 +71,11 @@ class LocalCloud:
     region = "us-central1"
 
     def __init__(self) -> None:
+        # Here, not at import: a test that needs one free port (localcloud.replica) imports this package on
+        # machines without the emulator's packages (the GPU check's).
+        from localcloud.gcs import start_emulator
+        from localcloud.image import project_sdist, trainer_image_python
+        from localcloud.vertex import FakeVertex
         from nli_helpers.vertex import API_ENDPOINT_ENV, trainer_image_uri
 
         self.tmp = Path(tempfile.mkdtemp(prefix="nli-local-cloud-"))

@@ -12,6 +12,7 @@ torchrun.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -88,15 +89,18 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
 def wrap_ddp(model: torch.nn.Module, device: torch.device, info: DistInfo, cfg: TrainConfig) -> DDP:
     """DDP that spends the interconnect on gradients only: buckets are the gradients' own memory
     (no copy in and out), buffers are synced before each forward only where a checkpoint would save
-    one (a running statistic; position ids are constants every rank builds itself; torch 2.13's
-    `forward_sync_buffers`, which still syncs them once at the start), buckets of
+    one (a running statistic; position ids are constants every rank builds itself; torch syncs
+    them once at the start either way), buckets of
     `--ddp_bucket_cap_mb` (torch's 25 MB by default; Google's Reduction Server page recommends 64),
     and optionally gradients travel in bf16 (`torch.distributed.algorithms.ddp_comm_hooks`)."""
     saved = set(model.state_dict())
     drifting = any(name in saved for name, _ in model.named_buffers())
+    # torch 2.13 names it forward_sync_buffers and deprecates broadcast_buffers; older torch, which
+    # Workbench and Deep Learning VM images ship (pyproject allows >= 2.6), knows only the latter.
+    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+        else "broadcast_buffers"
     net = DDP(model, [info.local_rank] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, forward_sync_buffers=drifting,
-              bucket_cap_mb=cfg.ddp_bucket_cap_mb)
+              gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_cap_mb, **{sync: drifting})
     if cfg.ddp_bf16_compress:
         net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     return net

@@ -37,18 +37,21 @@ def model_inputs(batch: dict, device: torch.device, model, keep_mask: bool = Fal
     return {**moved, "attention_mask": attend}
 
 
-def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float) -> float | None:
+def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float,
+                   keep_grads: bool = False) -> float | None:
     """Clip, step (through the fp16 grad scaler) and schedule. Returns the learning rate used, or
     None when the scaler skipped the step for inf/NaN gradients (the schedule then waits too, as in
     Trainer and accelerate). fp16 pays one host sync a step for that answer, where `get_scale()`
-    before and after would be two: the scale stays a device tensor until one comparison is read."""
+    before and after would be two: the scale stays a device tensor until one comparison is read.
+    `keep_grads` zeroes the gradients in place instead of dropping them (a compiled step's stable
+    buffers, `compiled.compile_for_training`)."""
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     scale = scaler._scale.clone() if scaler.is_enabled() else None  # set by scaler.scale(loss)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not keep_grads)
     if scale is not None and bool(scaler._scale < scale):  # update() shrinks it after inf/NaN
         return None
     lr = scheduler.get_last_lr()[0]

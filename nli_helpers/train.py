@@ -145,7 +145,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     start = time.perf_counter()
     while state.step < total_steps:
         loader.batch_sampler.set_epoch(state.epoch, skip_batches=state.batches_done)
-        optimizer.zero_grad(set_to_none=True)  # no leftover micro-batch gradients across epochs
+        # No leftover micro-batch gradients across epochs (a compiled step's buffers stay in place).
+        optimizer.zero_grad(set_to_none=not cfg.torch_compile)
         for batch in loader:
             state.batches_done += 1
             log.count(batch)
@@ -158,7 +159,8 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                 scaler.scale(loss).backward()
             if accumulating:
                 continue
-            lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm)
+            lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm,
+                                     keep_grads=cfg.torch_compile)
             if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
                 state.skipped_steps += 1
                 continue

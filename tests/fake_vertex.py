@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from localcloud import TRAINER_IMAGE, FakeVertex, project_sdist
+from localcloud.image import TRAINER_IMAGE, project_sdist
+from localcloud.vertex import FakeVertex
 
 __all__ = ["TRAINER_IMAGE"]
 

@@ -16,15 +16,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from localcloud import environment
-from localcloud.gcs import GcsEmulator, start_emulator
-
 _bucket_numbers = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator() -> Iterator[GcsEmulator]:
-    """The session's in-process Cloud Storage emulator, with the environment pointing at it."""
+def gcs_emulator() -> Iterator:
+    """The session's in-process Cloud Storage emulator, with the environment pointing at it. Its packages are
+    imported here, by the tests that use it: the GPU check runs the rest where they are not installed."""
+    from localcloud import environment
+    from localcloud.gcs import start_emulator
+
     emulator = start_emulator()
     try:
         with environment(emulator.env):
@@ -34,6 +35,6 @@ def gcs_emulator() -> Iterator[GcsEmulator]:
 
 
 @pytest.fixture
-def gcs_bucket(gcs_emulator: GcsEmulator) -> str:
+def gcs_bucket(gcs_emulator) -> str:
     """A new, empty bucket for this test; returns its name (no gs:// prefix)."""
     return gcs_emulator.make_bucket(f"test-bucket-{next(_bucket_numbers)}")

@@ -189,32 +189,6 @@ def test_the_launcher_turns_nccls_shared_memory_off_where_dev_shm_is_a_container
         subprocess.run(["umount", str(shm)], check=True)
 
 
-def test_ddp_takes_the_bucket_size_the_config_names(tmp_path):
-    """--ddp_bucket_cap_mb reaches DistributedDataParallel (64 beside a Reduction Server, vertex.pools); buffers
-    are synced before each forward only where a checkpoint saves them, with torch 2.13's own flag (no warning)."""
-    import warnings
-
-    import torch
-    import torch.distributed as torch_dist
-
-    from nli_helpers.config import make_config
-    from nli_helpers.distributed import DistInfo, wrap_ddp
-
-    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", FutureWarning)  # `broadcast_buffers` is deprecated in torch 2.13
-            for chosen, cap in ((None, 25 * 2**20), (64, 64 * 2**20)):  # torch's default, then the config's
-                net = wrap_ddp(torch.nn.Linear(4, 3), torch.device("cpu"), DistInfo(0, 0, 2),
-                               make_config("smoke", ddp_bucket_cap_mb=chosen))
-                assert net.bucket_bytes_cap == cap
-                assert net.forward_sync_buffers is False
-            norm = wrap_ddp(torch.nn.BatchNorm1d(3), torch.device("cpu"), DistInfo(0, 0, 2), make_config("smoke"))
-            assert norm.forward_sync_buffers is True  # running statistics: a checkpoint saves them
-    finally:
-        torch_dist.destroy_process_group()
-
-
 def test_a_two_rank_tuning_trial_on_gloo_reports_its_metric_once_per_evaluation(tmp_path, tiny_model_dir):
     """A multi-GPU tuning trial, as Vertex AI starts one (only CLOUD_ML_TRIAL_ID and CLOUD_ML_HP_METRIC_FILE say so),
     through the launcher on 2 CPU processes: every rank builds the hypertune callback, and cloudml-hypertune's

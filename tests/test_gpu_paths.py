@@ -21,10 +21,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nli_helpers import distributed
 from nli_helpers.config import ConfigError, make_config
-from nli_helpers.vertex.entry import replica_gpus
 from tests.helpers import ROOT, VERTEX_ENTRY, free_port, run_task
 
 CUDA = torch.device("cuda", 0)
+# The GPU check (benchmarks/device_check.sh) runs this file where the [vertex] extra is not installed: the tests of
+# Vertex AI's entry point skip there, saying so.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # a test of the CPU path runs on a GPU machine too
+
+
+def vertex_entry():
+    pytest.importorskip("hypertune", reason="Vertex AI's entry point needs the [vertex] extra (cloudml-hypertune)")
+    from nli_helpers.vertex import entry
+
+    return entry
 
 
 def fake_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:
@@ -70,7 +79,8 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
             "job": {"worker_pool_specs": [{"machine_spec": {"machine_type": "g2-standard-8",
                                                             "accelerator_type": "NVIDIA_L4", "accelerator_count": 1},
                                            "replica_count": "1"}]}}
-    env = {"CLUSTER_SPEC": json.dumps(spec)}
+    replica_gpus = vertex_entry().replica_gpus
+    env = {"CLUSTER_SPEC": json.dumps(spec), **NO_GPU}
     args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs", "1",
             "--max_train_samples", "16", "--output_dir", str(tmp_path / "job"))
     proc = run_task(*args, env=env, module=VERTEX_ENTRY)
@@ -84,6 +94,7 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
 def test_the_gpu_guard_reads_the_rest_spelling_of_the_job_and_says_when_it_cannot_read_it(capsys):
     """CLUSTER_SPEC's `job` is the CustomJobSpec "represented as a dictionary" (distributed-training page), in a
     spelling the page does not give: the REST API's camelCase reads as the SDK's snake_case."""
+    replica_gpus = vertex_entry().replica_gpus
     task = {"cluster": {"workerpool0": ["h:2222"], "workerpool1": ["w:2222"]}, "task": {"type": "workerpool1", "index": 0}}
     pools = [{"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1"},
              {"machineSpec": {"machineType": "a2-highgpu-2g", "acceleratorType": "NVIDIA_TESLA_A100",
@@ -157,15 +168,15 @@ def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, tiny_
 def torchrun(*args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                            f"--master-port={free_port()}", "--module", "nli_helpers.task", *args],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                          timeout=timeout)
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **NO_GPU},
+                          cwd=ROOT, timeout=timeout)
 
 
 def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model_dir):
     args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs",
             "1", "--per_device_train_batch_size", "8", "--max_train_samples", "48", "--precision", "fp32",
             "--save_steps", "2", "--no-progress", "--output_dir", str(tmp_path / "job"))
-    one = run_task(*args)  # checkpoints at steps 2 and 4 of 6, written by one process
+    one = run_task(*args, env=NO_GPU)  # checkpoints at steps 2 and 4 of 6, written by one process (gloo's CPU path)
     assert one.returncode == 0, one.stderr[-2000:]
     resumed = torchrun(*args, "--resume_from_checkpoint", "auto")  # the same flags: only the process count differs
     assert resumed.returncode != 0, resumed.stderr[-3000:]  # torchrun: 1 when a rank failed
@@ -199,6 +210,47 @@ def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one(
     assert torch.equal(torch.rand(3), expected)
 
 
+# -- 5b. DDP on every torch the package allows ---------------------------------------------------------------------
+@pytest.mark.device_check
+def test_ddp_takes_the_bucket_size_the_config_names_and_this_torchs_buffer_keyword(tmp_path):
+    """--ddp_bucket_cap_mb reaches DistributedDataParallel (64 beside a Reduction Server, vertex.pools); buffers are
+    synced before each forward only where a checkpoint saves them, under the keyword this torch has (2.13 deprecates
+    broadcast_buffers for forward_sync_buffers, which 2.11, the GPU check's torch, lacks), with no warning."""
+    import warnings
+
+    import torch.distributed as torch_dist
+
+    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            for chosen, cap in ((None, 25 * 2**20), (64, 64 * 2**20)):  # torch's default, then the config's
+                net = distributed.wrap_ddp(torch.nn.Linear(4, 3), torch.device("cpu"), distributed.DistInfo(0, 0, 2),
+                                           make_config("smoke", ddp_bucket_cap_mb=chosen))
+                assert net.bucket_bytes_cap == cap
+                assert getattr(net, "forward_sync_buffers", getattr(net, "broadcast_buffers", None)) is False
+            norm = distributed.wrap_ddp(torch.nn.BatchNorm1d(3), torch.device("cpu"), distributed.DistInfo(0, 0, 2),
+                                        make_config("smoke"))
+            # running statistics: a checkpoint saves them
+            assert getattr(norm, "forward_sync_buffers", getattr(norm, "broadcast_buffers", None)) is True
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.device_check
+def test_ddp_takes_broadcast_buffers_on_a_torch_older_than_2_13(monkeypatch):
+    """torch before 2.13 has no forward_sync_buffers (pyproject allows torch >= 2.6): DDP gets the older keyword."""
+    class OlderDDP:  # torch 2.11's signature, in the part that matters here
+        def __init__(self, module, device_ids=None, broadcast_buffers=True, bucket_cap_mb=None,
+                     gradient_as_bucket_view=False):
+            self.broadcast_buffers = broadcast_buffers
+
+    monkeypatch.setattr(distributed, "DDP", OlderDDP)
+    for module, drifting in ((torch.nn.Linear(4, 3), False), (torch.nn.BatchNorm1d(3), True)):
+        net = distributed.wrap_ddp(module, torch.device("cpu"), distributed.DistInfo(0, 0, 2), make_config("smoke"))
+        assert net.broadcast_buffers is drifting
+
+
 # -- 6. a failure on rank 0 ends every rank within seconds, with rank 0's message ----------------------------------
 def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_model_dir):
     # A checkpoint dir of 4,065 bytes: the check before training (a probe file, /.nli-write-check-<pid>, 25 bytes at
@@ -221,7 +273,7 @@ def test_a_failed_checkpoint_on_rank_0_stops_every_rank_at_once(tmp_path, tiny_m
 
 
 def test_torchrun_stopping_the_survivors_is_not_taken_for_a_preemption(monkeypatch, tmp_path):
-    from nli_helpers.vertex.entry import stopped_by_torchrun_after_a_failure
+    stopped_by_torchrun_after_a_failure = vertex_entry().stopped_by_torchrun_after_a_failure
 
     monkeypatch.delenv("NLI_PREEMPTED_MARKERS", raising=False)
     assert not stopped_by_torchrun_after_a_failure()  # plain torchrun or no launcher: a SIGTERM is a preemption
@@ -244,6 +296,7 @@ def test_the_global_batch_is_the_per_device_batch_times_the_processes(tmp_path, 
 
 
 # -- 9. on a real GPU: every host sync in a step is a named one ----------------------------------------------------
+@pytest.mark.device_check
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_host_sync_in_a_training_step_is_a_named_one(tmp_path, precision):
     """benchmarks/find_syncs.py under torch.cuda.set_sync_debug_mode: no sync beyond those NAMED (and README.md says
@@ -253,8 +306,11 @@ def test_every_host_sync_in_a_training_step_is_a_named_one(tmp_path, precision):
     if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip("this GPU has no native bf16")
     out = tmp_path / "syncs.json"
+    # The GPU check carries MiniLM's tokenizer files and names them here: its machine lacks the [smoke] extra.
+    tokenizer = os.environ.get("NLI_CHECK_TOKENIZER", "minilm-l6")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "find_syncs.py"), "--precision", precision,
-                           "--steps", "24", "--warmup-steps", "4", "--data", "sample", "--out", str(out)],
+                           "--steps", "24", "--warmup-steps", "4", "--data", "sample", "--out", str(out),
+                           "--tokenizer", tokenizer],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sys.path.insert(0, str(ROOT / "benchmarks"))

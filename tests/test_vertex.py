@@ -16,7 +16,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.types import AcceleratorType, Scheduling
 
 import nli_helpers
-from localcloud import TRAINER_IMAGE
+from localcloud.image import TRAINER_IMAGE
 from nli_helpers import files, vertex
 from nli_helpers.config import make_config, parse_args
 from nli_helpers.vertex import Machine, pricing

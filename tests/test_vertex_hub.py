@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from localcloud import TRAINER_IMAGE
 from localcloud.hub import FILE, REPO, HubStandIn
+from localcloud.image import TRAINER_IMAGE
 from localcloud.vertex import hub_env
 from nli_helpers import mnli, vertex
 from nli_helpers.config import make_config

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from google.cloud.aiplatform_v1.types import AcceleratorType
 
-from localcloud import TRAINER_IMAGE
+from localcloud.image import TRAINER_IMAGE
 from localcloud.vertex import cluster_spec, replica_names, vertex_env
 from nli_helpers import vertex
 from nli_helpers.config import make_config

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from localcloud import TRAINER_IMAGE
+from localcloud.image import TRAINER_IMAGE
 from nli_helpers import vertex
 from nli_helpers.config import make_config
 from nli_helpers.vertex import Machine
