@@ -3,7 +3,7 @@ compiles once per kind of shape, and the counters that show it did (metrics.json
 
     >>> net, before = compile_for_training(net, model, device, cfg), counters()
     >>> ...  # the training loop
-    >>> counters(before)  # {"graphs": 2, "graph_breaks": 0, "recompiles": 1, "cudagraph_skips": 0, ...}
+    >>> counters(before)  # {"graphs": 2, "graph_breaks": 0, "recompiles": 1, ...}
 
 What would compile again, and what this run does instead:
 - transformers' sequence classifiers set `config.problem_type` in their first forward; the graph

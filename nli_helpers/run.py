@@ -91,7 +91,8 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
             (job_dir, "--output_dir"), (cfg.checkpoint_dir, "--checkpoint_dir")) if path], info)
         callbacks = [*callbacks, *default_callbacks(cfg, job_dir, given=callbacks)]
         with job_dir_lock(job_dir, root, info):  # before anything slow: a second run learns at once
-            if dist.on_main_process(lambda: check_output_dir(cfg, job_dir, root), info):
+            finished = dist.on_main_process(lambda: check_output_dir(cfg, job_dir, root), info)
+            if dist.broadcast_from_main(finished, info):
                 raise RunFinished(f"{job_dir} holds this run, finished: --resume_from_checkpoint "
                                   "auto has nothing to do (--overwrite_output_dir trains it again)")
             result = _train_and_save(cfg, job_dir, root, info, callbacks,

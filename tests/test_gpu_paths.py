@@ -82,7 +82,7 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
     replica_gpus = vertex_entry().replica_gpus
     env = {"CLUSTER_SPEC": json.dumps(spec), **NO_GPU}
     args = ("--profile", "smoke", "--data", "sample", "--model_name_or_path", tiny_model_dir, "--num_train_epochs", "1",
-            "--max_train_samples", "16", "--output_dir", str(tmp_path / "job"))
+            "--max_train_samples", "16", "--overwrite_output_dir", "--output_dir", str(tmp_path / "job"))
     proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
     assert replica_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
@@ -178,6 +178,7 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model
             "--save_steps", "2", "--no-progress", "--output_dir", str(tmp_path / "job"))
     one = run_task(*args, env=NO_GPU)  # checkpoints at steps 2 and 4 of 6, written by one process (gloo's CPU path)
     assert one.returncode == 0, one.stderr[-2000:]
+    (tmp_path / "job" / "metrics.json").unlink()  # as a run killed before its final save leaves it
     resumed = torchrun(*args, "--resume_from_checkpoint", "auto")  # the same flags: only the process count differs
     assert resumed.returncode != 0, resumed.stderr[-3000:]  # torchrun: 1 when a rank failed
     assert "error: cannot resume from " in resumed.stderr and "checkpoint-00000004" in resumed.stderr
