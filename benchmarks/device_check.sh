@@ -76,7 +76,7 @@ fi
 if [[ -f $DIR/data.jsonl ]]; then CHECK+=(--data "$DIR/data.jsonl"); else CHECK+=(--data sample); fi
 
 if $dry; then  # the image, stood in by a venv of its versions, with nothing of ours installed
-    venv=$DIR/rehearsal
+    venv=${NLI_REHEARSAL_DIR:-runs/device-rehearsal}  # not in $DIR: only $DIR travels to the GPU machine
     if [[ ! -x $venv/bin/python ]]; then
         rm -rf "$venv"
         "$PY" -m venv "$venv"
@@ -90,7 +90,7 @@ if $dry; then  # the image, stood in by a venv of its versions, with nothing of 
     fi
     WHEEL_DIR=$venv/wheels
     PY=$venv/bin/python
-    OUT=$DIR/rehearsal-out
+    OUT=$venv/out
     rm -rf "$OUT"
     CHECK_BUDGET_S=${REHEARSAL_BUDGET_S:-900}  # compiling on 2 CPU cores takes minutes; TESTS_BUDGET_S likewise
     TESTS_BUDGET_S=$CHECK_BUDGET_S

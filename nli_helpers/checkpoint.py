@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,8 +37,6 @@ RESUME_CRITICAL = ("model_name_or_path", "data", "num_train_epochs",
                    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                    "weight_decay", "warmup_ratio", "max_seq_length", "seed", "group_by_length",
                    "max_train_samples", "eval_fraction")
-# The loop's position, saved and restored as plain values (train.LoopState's fields).
-PROGRESS = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
 NAME = re.compile(r"checkpoint-(\d+)$")
 log = logging.getLogger(__name__)
 
@@ -142,48 +141,85 @@ def load_checkpoint(path: str, model: torch.nn.Module, check=lambda state: None)
 
 
 # -- the training loop's state --------------------------------------------------------------------
-def save_training(root: str, keep: int, step: int, model, tokenizer, optimizer, scheduler, scaler,
-                  progress: dict, cfg: TrainConfig, info: DistInfo, device: torch.device,
-                  precision: str, fingerprint: str | None = None) -> str:
-    """Checkpoint the loop: every rank calls this, rank 0 writes; its failure raises on all."""
-    rng = all_gather_objects(rng_state(device), info)
-    state = {**{k: progress[k] for k in PROGRESS}, "world_size": info.world_size,
-             "precision": precision, "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng,
-             "config": cfg.to_dict(), "data_fingerprint": fingerprint}
-    return on_main_process(lambda: save_checkpoint(root, step, model, tokenizer, state, keep), info)
+@dataclass
+class TrainState:
+    """A run's whole state, saved and loaded whole: the model, optimizer, schedule and loss scaler,
+    where the loop is, and `identity`, what a resumed run must share with it (its settings, process
+    count, precision, and its training pairs' fingerprint). `checkpoint` is the newest complete
+    checkpoint it saved or resumed from, with its step."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: torch.amp.GradScaler
+    identity: dict
+    step: int = 0  # optimizer steps applied
+    epoch: int = 0
+    batches_done: int = 0  # micro-batches of the current epoch
+    skipped_steps: int = 0  # fp16 steps the grad scaler skipped
+    history: list[dict] = field(default_factory=list)  # per step: step, epoch, loss, lr
+    eval_history: list[dict] = field(default_factory=list)
+    checkpoint: tuple[int, str] | None = None
+
+    POSITION = ("step", "epoch", "batches_done", "skipped_steps", "history", "eval_history")
+
+    def state_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.POSITION}, **self.identity,
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in self.POSITION:
+            setattr(self, key, state[key])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
 
 
-def resume_training(path: str, model, optimizer, scheduler, scaler, cfg: TrainConfig,
-                    info: DistInfo, device: torch.device, precision: str,
-                    fingerprint: str | None = None) -> dict:
-    """Restore model, optimizer, schedule, scaler and this rank's RNG; return the loop position."""
-    state = load_checkpoint(path, model, lambda state: check_resumable(
-        path, state, cfg, info.world_size, precision, fingerprint))
-    model.to(device)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"][info.rank], device)
-    return {k: state.get(k, 0) for k in PROGRESS}
+def identity(cfg: TrainConfig, world_size: int, precision: str, fingerprint: str | None) -> dict:
+    return {"config": cfg.to_dict(), "world_size": world_size, "precision": precision,
+            "data_fingerprint": fingerprint}
 
 
-def check_resumable(path: str, state: dict, cfg: TrainConfig, world_size: int, precision: str,
-                    fingerprint: str | None = None) -> None:
+def save_training(state: TrainState, root: str, keep: int, tokenizer, info: DistInfo,
+                  device: torch.device) -> str:
+    """Checkpoint the loop: every rank calls this (each adds its RNG), rank 0 writes; its failure
+    raises on all."""
+    saved = {**state.state_dict(), "rng": all_gather_objects(rng_state(device), info)}
+    path = on_main_process(lambda: save_checkpoint(root, state.step, state.model, tokenizer, saved,
+                                                   keep), info)
+    state.checkpoint = (state.step, path)
+    return path
+
+
+def resume_training(state: TrainState, path: str, info: DistInfo, device: torch.device) -> None:
+    """Restore the whole state and this rank's RNG from checkpoint `path`, once its identity
+    matches."""
+    saved = load_checkpoint(path, state.model, lambda saved: check_resumable(path, saved,
+                                                                             state.identity))
+    state.model.to(device)
+    state.load_state_dict(saved)
+    set_rng_state(saved["rng"][info.rank], device)
+    state.checkpoint = (state.step, path)
+
+
+def check_resumable(path: str, saved: dict, identity: dict) -> None:
     """Refuse a resume that would silently train another run: changed settings, data, process
     count or precision."""
-    saved = state["config"]
-    changed = [f"{k} ({saved.get(k)!r} -> {getattr(cfg, k)!r})" for k in RESUME_CRITICAL
-               if k in saved and saved.get(k) != getattr(cfg, k)]
-    if fingerprint and state.get("data_fingerprint") not in (None, fingerprint):
-        changed.append(f"the training pairs under data={cfg.data!r} (their content or order "
+    config, now = saved["config"], identity["config"]
+    changed = [f"{k} ({config.get(k)!r} -> {now[k]!r})" for k in RESUME_CRITICAL
+               if k in config and config.get(k) != now[k]]
+    if identity["data_fingerprint"] and saved.get("data_fingerprint") not in (
+            None, identity["data_fingerprint"]):
+        changed.append(f"the training pairs under data={now['data']!r} (their content or order "
                        "differs)")
-    if state.get("world_size", world_size) != world_size:
-        changed.append(f"the number of processes ({state['world_size']} -> {world_size}: each "
-                       "one's share of the data and random state would change)")
-    if state.get("precision", precision) != precision:
-        changed.append(f"precision ({state['precision']} -> {precision}: another GPU, or "
-                       "--precision)")
+    if saved.get("world_size", identity["world_size"]) != identity["world_size"]:
+        changed.append(f"the number of processes ({saved['world_size']} -> "
+                       f"{identity['world_size']}: each one's share of the data and random state "
+                       "would change)")
+    if saved.get("precision", identity["precision"]) != identity["precision"]:
+        changed.append(f"precision ({saved['precision']} -> {identity['precision']}: another GPU, "
+                       "or --precision)")
     if changed:
         raise CheckpointError(f"cannot resume from {path}: {', '.join(changed)} changed since it "
                               "was written; resume with the same settings or start a new "

@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,7 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 
 from . import distributed as dist
 from . import step
-from .checkpoint import resume_training, save_training
+from .checkpoint import TrainState, identity, resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig
 from .data import collator, content_hash, model_columns
 
@@ -65,18 +65,6 @@ class Stopped:
     checkpoint: str | None
 
 
-@dataclass
-class LoopState:
-    """Where the loop is: what a checkpoint saves besides weights, optimizer, schedule and RNG."""
-
-    step: int = 0  # optimizer steps applied
-    epoch: int = 0
-    batches_done: int = 0  # micro-batches of the current epoch
-    skipped_steps: int = 0  # fp16 steps the grad scaler skipped
-    history: list[dict] = field(default_factory=list)  # per step: step, epoch, loss, lr
-    eval_history: list[dict] = field(default_factory=list)
-
-
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
           info: dist.DistInfo = dist.SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
           checkpoint_root: str | None = None, resume_from: str | None = None,
@@ -109,14 +97,13 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                                 total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
-    state = LoopState()
     fingerprint = content_hash(tokenized["train"]) if checkpoint_root else None
+    state = TrainState(model, optimizer, scheduler, scaler,
+                       identity(cfg, info.world_size, precision, fingerprint))
     if resume_from:
-        state = LoopState(**resume_training(resume_from, model, optimizer, scheduler, scaler, cfg,
-                                            info, device, precision, fingerprint))
+        resume_training(state, resume_from, info, device)
     log = TrainLog(cfg, info, total_steps, state, callbacks)
     saved_at = clock()  # the last checkpoint (or the start), for checkpoint_every_minutes
-    saved = (state.step, resume_from) if resume_from else (-1, None)  # the newest checkpoint
     if resume_from:
         log.message(f"resumed from {resume_from} at step {state.step}")
 
@@ -128,19 +115,16 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
         log.evaluated(state, len(loader), scores)
 
     def checkpoint_now() -> str | None:
-        nonlocal saved_at, saved
+        nonlocal saved_at
         if not checkpoint_root or cfg.save_total_limit < 1:
             return None
         saved_at = clock()
         # A step is saved once (save_steps at an epoch's end would write it twice): replacing a
         # complete checkpoint would leave none while the copy runs.
-        if saved[0] == state.step:
-            return saved[1]
+        if state.checkpoint and state.checkpoint[0] == state.step:
+            return state.checkpoint[1]
         log.flush(state, len(loader))  # a complete history; a non-finite loss stops before a save
-        saved = (state.step, save_training(
-            checkpoint_root, cfg.save_total_limit, state.step, model, tokenizer, optimizer,
-            scheduler, scaler, asdict(state), cfg, info, device, precision, fingerprint))
-        return saved[1]
+        return save_training(state, checkpoint_root, cfg.save_total_limit, tokenizer, info, device)
 
     start = time.perf_counter()
     while state.step < total_steps:
@@ -245,17 +229,15 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
 
 def classification_scores(labels: Sequence[int], preds: Sequence[int],
                           genres: Sequence[str] | None = None) -> dict:
-    """Accuracy, macro-F1, per-class scores, confusion matrix (and per-genre accuracy), as JSON.
-    The scores scikit-learn's `precision_recall_fscore_support(zero_division=0)` gives, from the
-    confusion matrix in numpy: importing sklearn.metrics would add about 40 MB to a run's memory."""
-    labels, preds, k = np.asarray(labels), np.asarray(preds), len(LABELS)
+    """Accuracy, macro-F1, per-class scores, confusion matrix (and per-genre accuracy), as JSON:
+    scikit-learn's, with a class never predicted or absent scoring 0."""
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+
+    labels, preds, ids = np.asarray(labels), np.asarray(preds), list(range(len(LABELS)))
     if labels.shape != preds.shape:
         raise ValueError(f"labels {labels.shape} and predictions {preds.shape} differ in length")
-    matrix = np.bincount(labels * k + preds, minlength=k * k).reshape(k, k)  # rows: gold labels
-    hits, support, predicted = np.diag(matrix), matrix.sum(1), matrix.sum(0)
-    with np.errstate(divide="ignore", invalid="ignore"):  # a class never predicted, or absent: 0
-        precision, recall = np.nan_to_num(hits / predicted), np.nan_to_num(hits / support)
-        f1 = np.nan_to_num(2 * precision * recall / (precision + recall))
+    precision, recall, f1, support = precision_recall_fscore_support(labels, preds, labels=ids,
+                                                                     zero_division=0)
     scores = {
         "n": int(labels.size),
         "accuracy": float((labels == preds).mean()) if labels.size else 0.0,
@@ -263,7 +245,7 @@ def classification_scores(labels: Sequence[int], preds: Sequence[int],
         "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
                              "f1": float(f1[i]), "support": int(support[i])}
                       for i, name in enumerate(LABELS)},
-        "confusion_matrix": matrix.tolist(),
+        "confusion_matrix": confusion_matrix(labels, preds, labels=ids).tolist(),  # rows: gold
     }
     if genres is not None:
         scores["per_genre"] = per_genre_accuracy(labels, preds, genres)
@@ -292,7 +274,7 @@ def summary_line(split_scores: dict[str, dict]) -> str:
                       for name, s in split_scores.items())
 
 
-def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: LoopState, train_split,
+def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: TrainState, train_split,
                      evals: dict, seconds: float, *, precision: str, device: torch.device,
                      model) -> dict:
     """What metrics.json holds: the final scores per split, how training went, the baselines."""
@@ -328,7 +310,7 @@ def live_progress(stream=None) -> bool:
 
 
 class TrainLog:
-    def __init__(self, cfg: TrainConfig, info: dist.DistInfo, total_steps: int, state: LoopState,
+    def __init__(self, cfg: TrainConfig, info: dist.DistInfo, total_steps: int, state: TrainState,
                  callbacks: Sequence[TrainCallback]):
         self.cfg, self.info, self.total_steps = cfg, info, total_steps
         self.callbacks = list(callbacks) if info.is_main else []
@@ -348,7 +330,7 @@ class TrainLog:
         self.pending.append((step, lr, loss))
         self.bar.update(1)
 
-    def flush(self, state: LoopState, batches_per_epoch: int) -> None:
+    def flush(self, state: TrainState, batches_per_epoch: int) -> None:
         """The losses kept on the device become numbers: one host sync per log interval. Under DDP
         each step's loss is the mean over ranks (equal shares of one global batch), never a sum."""
         if not self.pending:
@@ -376,7 +358,7 @@ class TrainLog:
         for callback in self.callbacks:
             callback.on_log(rows)
 
-    def evaluated(self, state: LoopState, batches_per_epoch: int, scores: dict) -> None:
+    def evaluated(self, state: TrainState, batches_per_epoch: int, scores: dict) -> None:
         epoch = state.epoch + state.batches_done / batches_per_epoch
         self.message(f"eval step {state.step}/{self.total_steps} (epoch {epoch:.2f}): "
                      f"{summary_line(scores)}")

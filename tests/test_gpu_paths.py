@@ -189,13 +189,13 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_model
 
 
 def test_resume_in_another_precision_is_refused():
-    from nli_helpers.checkpoint import CheckpointError, check_resumable
+    from nli_helpers.checkpoint import CheckpointError, check_resumable, identity
 
     cfg = make_config("smoke", data="sample")
-    state = {"config": cfg.to_dict(), "world_size": 1, "precision": "bf16", "rng": [{}]}
+    saved = {**identity(cfg, 1, "bf16", None), "rng": [{}]}
     with pytest.raises(CheckpointError, match=r"cannot resume from ckpt: precision \(bf16 -> fp16: .*--precision"):
-        check_resumable("ckpt", state, cfg, 1, "fp16")
-    check_resumable("ckpt", state, cfg, 1, "bf16")  # the same precision resumes
+        check_resumable("ckpt", saved, identity(cfg, 1, "fp16", None))
+    check_resumable("ckpt", saved, identity(cfg, 1, "bf16", None))  # the same precision resumes
 
 
 def test_rng_of_a_checkpoint_from_a_machine_with_more_gpus_restores_on_this_one():
