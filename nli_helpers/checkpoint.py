@@ -63,14 +63,14 @@ def save_checkpoint(root: str, step: int, model, tokenizer, state: dict, keep: i
             (Path(tmp) / STATE).write_bytes(buffer.getvalue())
             sums = {f.name: _sha256(f.read_bytes()) for f in Path(tmp).iterdir() if f.is_file()}
             (Path(tmp) / MANIFEST).write_text(json.dumps({"step": step, "sha256": sums}))
-            remove(target)  # a stale one of the same step (a rerun) stops counting first
+            remove(target)  # a killed save's leftovers of this step (a step is saved once)
             files.put(tmp, target, last=MANIFEST)
+        for _, old in sorted(checkpoints(root))[:-keep] if keep > 0 else []:
+            remove(old)
     except (OSError, SafetensorError, files.StorageError) as e:  # a full disk, a lost bucket
         raise CheckpointError(f"could not write checkpoint {target} ({files.reason(e)}); "
                               f"{files.what_is_kept(root, latest_checkpoint)}. Free space, or pass "
                               "--checkpoint_dir with a folder you can write") from e
-    for _, old in sorted(checkpoints(root))[:-keep] if keep > 0 else []:
-        remove(old)
     return target
 
 

@@ -244,11 +244,18 @@ def fault_mid_run(tmp_path: Path, fault: str) -> tuple[subprocess.CompletedProce
         began = time.monotonic()
         if fault == "endpoint gone":
             emulator.stop()
-        else:
+        else:  # the run may write between the listing and the bucket's delete: then again
+            from google.api_core.exceptions import Conflict, NotFound
+
             bucket = emulator.client().bucket("doomed")
-            for blob in bucket.list_blobs():
-                blob.delete()
-            bucket.delete()
+            for _ in range(20):
+                try:
+                    for blob in bucket.list_blobs():
+                        blob.delete()
+                    bucket.delete()
+                    break
+                except (Conflict, NotFound):
+                    continue
         output = line + proc.stdout.read()
         proc.wait(timeout=120)
         return subprocess.CompletedProcess(proc.args, proc.returncode, output, ""), time.monotonic() - began, root
