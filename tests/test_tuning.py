@@ -113,6 +113,7 @@ def test_tuning_job_request_body(fake_vertex, gcs_bucket):
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": f"gs://{gcs_bucket}/hp/1"}
     assert (spec["serviceAccount"], spec["tensorboard"]) == (SERVICE_ACCOUNT, TENSORBOARD)
     assert spec["scheduling"]["strategy"] == Scheduling.Strategy.SPOT.value
+    assert spec["scheduling"]["timeout"] == "7200s"  # each trial's; Vertex's default is 7 days
     (pool,) = spec["workerPoolSpecs"]
     assert pool["containerSpec"]["imageUri"] == IMAGE
     assert f"--model_name_or_path={tiny_model()}" in pool["containerSpec"]["args"]

@@ -339,9 +339,11 @@ def test_init_takes_every_setting_it_is_not_given_from_the_environment(fake_vert
     assert vertex.init_vertex(region="europe-west4", image_uri="gcr.io/p/t:1").image_uri == "gcr.io/p/t:1"
     vertex.init_vertex()
     vertex.submit_custom_job(vertex.container_worker_pools(make_config("smoke"), Machine(), cloud.image_uri),
-                             base_output_dir=f"gs://{gcs_bucket}/run-env")
+                             base_output_dir=f"gs://{gcs_bucket}/run-env", expected_hours=1.5)
     (create,) = [r for r in fake_vertex.requests if r.method == "POST"]
     assert create.path == "/v1/projects/env-project/locations/us-central1/customJobs"
+    # No job bills for Vertex's default 7 days: twice the hours its cost was estimated for.
+    assert fake_vertex.created_bodies[-1]["jobSpec"]["scheduling"]["timeout"] == "10800s"
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     with pytest.raises(vertex.VertexError, match="no Google Cloud project: pass project="):
         vertex.init_vertex()

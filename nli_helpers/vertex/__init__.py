@@ -30,7 +30,8 @@ _MODULES = {
                "TORCH_CUDA_BUILDS image_gpu_problem image_torch_cuda newest_prebuilt_image_uri "
                "package_torch_requirement prebuilt_image_problem prebuilt_images_table "
                "trainer_image_build_commands trainer_image_uri",
-    ".jobs": "API_ENDPOINT_ENV CLOUDS VertexSettings check_cloud confirm_submit fetch_outputs "
+    ".jobs": "API_ENDPOINT_ENV CLOUDS TIMEOUT_PER_EXPECTED_HOUR VertexSettings check_cloud "
+             "confirm_submit fetch_outputs "
              "init_vertex logs_url queued_help submit_custom_job watch_job",
     ".packaging": "build_sdist",
     ".pools": "REDUCTION_SERVER_BUCKET_MB REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE "

@@ -150,12 +150,19 @@ def api_errors(service_account: str | None = None):
                           "enabled? gcloud services enable aiplatform.googleapis.com") from err
 
 
+# A job's timeout, in the hours its cost estimate expects: Vertex AI's default is 7 days
+# (CustomJobSpec's scheduling.timeout), which a hung rendezvous or NCCL call bills in full.
+TIMEOUT_PER_EXPECTED_HOUR = 2
+
+
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
                       display_name: str | None = None, service_account: str | None = None,
                       labels: dict[str, str] | None = None, spot: bool = False,
-                      restart_job_on_worker_restart: bool | None = None,
+                      restart_job_on_worker_restart: bool | None = None, expected_hours: float = 1.0,
                       timeout_s: int | None = None, tensorboard: str | None = None) -> CustomJob:
-    """Create the CustomJob and return at once (watch it with `watch_job`).
+    """Create the CustomJob and return at once (watch it with `watch_job`). Vertex AI stops it
+    after `timeout_s`, by default TIMEOUT_PER_EXPECTED_HOUR x `expected_hours` (the hours you
+    priced with `estimate_job_cost`).
 
     `restart_job_on_worker_restart=None` turns it on for several training replicas: torchrun's
     fixed rendezvous cannot take back one restarted node, so all restart and resume from the
@@ -176,6 +183,7 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
             print(f"Spot VMs: the trainer also checkpoints every {SPOT_CHECKPOINT_EVERY_MINUTES} "
                   "minutes (set checkpoint_every_minutes in the config to choose)")
         worker_pool_specs = spot_pools
+    timeout_s = timeout_s or int(TIMEOUT_PER_EXPECTED_HOUR * expected_hours * 3600)
     with api_errors(service_account):
         job = aiplatform.CustomJob(
             display_name=display_name or f"nli-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -183,7 +191,8 @@ def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
         job.submit(service_account=service_account,
                    restart_job_on_worker_restart=restart_job_on_worker_restart,
                    scheduling_strategy=strategy, timeout=timeout_s, tensorboard=tensorboard)
-    print(f"submitted {job.resource_name}\nlogs: {logs_where(job)}")
+    print(f"submitted {job.resource_name}; Vertex AI stops it after {timeout_s / 3600:g} h "
+          f"(timeout_s)\nlogs: {logs_where(job)}")
     return job
 
 
