@@ -46,8 +46,8 @@ def read_pairs(path: str) -> pd.DataFrame:
     try:
         fs, inside = files.filesystem(path)
         with fs.open(inside, "rb", compression="infer") as f:
-            if kind == ".parquet":
-                df = pd.read_parquet(f).reset_index(drop=True)
+            if kind == ".parquet":  # as Python objects now: a string that is not UTF-8 fails here
+                df = pd.read_parquet(f).reset_index(drop=True).astype(object)
             elif kind in (".json", ".jsonl"):
                 df = _read_json(f, path)
             elif kind in (".tsv", ".txt"):  # raw MultiNLI's multinli_1.0_*.txt are TSV

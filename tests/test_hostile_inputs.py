@@ -507,3 +507,15 @@ def test_a_flag_value_the_command_cannot_parse_is_one_line_not_the_usage(tmp_pat
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: argument --num_train_epochs/--num-train-epochs: invalid float value: 'x' (python -m "
         "nli_helpers.task --help lists every option)"]
+
+
+def test_a_parquet_string_that_is_not_utf8_is_one_data_error(tmp_path):
+    """Found by make fuzz: pandas 3 keeps parquet strings in Arrow and checks their UTF-8 only when a value is first
+    read as Python text, which was deep in the row checks, as a raw ArrowException."""
+    path = tmp_path / "pairs.parquet"
+    pd.DataFrame(ROWS).to_parquet(path, compression=None)
+    data = path.read_bytes()
+    at = data.index(b"a man walks")
+    path.write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    with pytest.raises(DataError, match=r"could not read .*pairs\.parquet as parquet"):
+        load_nli_splits(str(path))

@@ -158,8 +158,9 @@ TIMEOUT_PER_EXPECTED_HOUR = 2
 def submit_custom_job(worker_pool_specs: list[dict], *, base_output_dir: str,
                       display_name: str | None = None, service_account: str | None = None,
                       labels: dict[str, str] | None = None, spot: bool = False,
-                      restart_job_on_worker_restart: bool | None = None, expected_hours: float = 1.0,
-                      timeout_s: int | None = None, tensorboard: str | None = None) -> CustomJob:
+                      restart_job_on_worker_restart: bool | None = None,
+                      expected_hours: float = 1.0, timeout_s: int | None = None,
+                      tensorboard: str | None = None) -> CustomJob:
     """Create the CustomJob and return at once (watch it with `watch_job`). Vertex AI stops it
     after `timeout_s`, by default TIMEOUT_PER_EXPECTED_HOUR x `expected_hours` (the hours you
     priced with `estimate_job_cost`).
