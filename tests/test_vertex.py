@@ -419,7 +419,7 @@ def test_spot_pools_keep_a_budget_the_config_chose_and_leave_reducers_alone():
     assert spot[2] == pools[2] and "args" not in spot[2]["container_spec"]  # Google's reducer image
 
 
-def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
+def test_container_job_without_gpu_has_only_the_timeout_scheduling(fake_vertex, gcs_bucket):
     _init(fake_vertex, gcs_bucket)
     cfg = make_config("full", num_train_epochs=2)
     pools = vertex.container_worker_pools(cfg, Machine("n1-standard-4", None, 0), "gcr.io/p/trainer:1")
@@ -429,7 +429,8 @@ def test_container_job_without_gpu_or_scheduling(fake_vertex, gcs_bucket):
     assert pool == {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
                     "containerSpec": {"imageUri": "gcr.io/p/trainer:1", "args": vertex.job_args(cfg)}}
     assert not [a for a in pool["containerSpec"]["args"] if "every_minutes" in a]  # not Spot
-    assert "scheduling" not in body["jobSpec"] and "serviceAccount" not in body["jobSpec"]
+    assert body["jobSpec"]["scheduling"] == {"timeout": "7200s"}  # twice the one expected hour
+    assert "serviceAccount" not in body["jobSpec"]
     assert body["displayName"].startswith("nli-")
 
 
