@@ -3,13 +3,15 @@ real aiplatform SDK (the calls notebook 05 makes; the notebook itself runs trial
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from google.cloud import aiplatform
 from google.cloud.aiplatform import hyperparameter_tuning as hpt
 from google.cloud.aiplatform_v1.types import Scheduling
 
 from localcloud.tuning import created_tuning_bodies
-from nli_helpers import vertex
+from nli_helpers import files, vertex
 from nli_helpers.config import ConfigError, make_config
 from tests.tiny_model import tiny_model
 
@@ -131,3 +133,35 @@ def test_a_refused_job_says_what_vertex_said(fake_vertex, gcs_bucket):
     job.run(sync=False)
     with pytest.raises(Exception, match=r"grid search needs INTEGER"):
         job.wait_for_resource_creation()
+
+
+# -- trials, run by the fake ------------------------------------------------------------------------------------
+def test_parallel_trials_given_one_checkpoint_dir_keep_to_their_own_folders(fake_vertex_runner, gcs_bucket):
+    """Resuming with `auto` from a shared folder would train one trial on with another's weights and
+    hyperparameters: each trial appends its id to a folder its args name."""
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    shared = f"gs://{gcs_bucket}/shared-checkpoints"
+    cfg = make_config("smoke", data="sample", model_name_or_path=tiny_model(), max_train_samples=32,
+                      max_eval_samples=32, num_train_epochs=2, checkpoint_dir=shared,
+                      tuning_metric="validation_matched_accuracy")
+    vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake_vertex_runner.endpoint)
+    pools = [{"machine_spec": {"machine_type": "n1-standard-4"}, "replica_count": 1,
+              "container_spec": {"image_uri": TRAINER_IMAGE,
+                                 "args": [a for a in vertex.job_args(cfg) if not a.startswith("--learning_rate=")]}}]
+    job = aiplatform.HyperparameterTuningJob(
+        display_name="nli-hp-folders", metric_spec={"validation_matched_accuracy": "maximize"},
+        custom_job=aiplatform.CustomJob(display_name="nli-trial", worker_pool_specs=pools,
+                                        base_output_dir=f"gs://{gcs_bucket}/hp/2"),
+        parameter_spec={"learning_rate": Double(1e-4, 3e-4, scale="log")}, max_trial_count=2,
+        parallel_trial_count=2)
+    job.run(timeout=600)
+    assert [t.state.name for t in job.trials] == ["SUCCEEDED", "SUCCEEDED"]
+    fs, root = files.filesystem(shared)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == ["trial-1", "trial-2"]
+    for trial in job.trials:  # a complete checkpoint each, and the run folder Vertex AI gave the trial
+        (checkpoint,) = fs.ls(f"{root}/trial-{trial.id}")
+        assert fs.exists(f"{checkpoint}/manifest.json")
+        saved = json.loads(fs.cat_file(f"{gcs_bucket}/hp/2/{trial.id}/model/train_config.json"))
+        assert saved["checkpoint_dir"] == f"{shared}/trial-{trial.id}"
+        assert saved["learning_rate"] == pytest.approx(trial.parameters[0].value)

@@ -7,6 +7,8 @@ every process under torchrun.
 What Vertex AI adds (each name spelled once, in `environment`):
 - the run folder from AIP_MODEL_DIR and checkpoints in AIP_CHECKPOINT_DIR; with that set, a run
   resumes (`--resume_from_checkpoint auto`): Vertex AI restarts a replica with the same command;
+- in a tuning trial, an --output_dir or --checkpoint_dir the args name gets `trial-<id>` appended:
+  parallel trials never share a folder, nor resume one another's checkpoints;
 - TensorBoard into AIP_TENSORBOARD_LOG_DIR; in a tuning trial (CLOUD_ML_TRIAL_ID or CLUSTER_SPEC's
   task.trial), or with `--tuning_metric`, the metric reported through cloudml-hypertune after
   every evaluation;
@@ -78,6 +80,7 @@ import sys
 import hypertune
 import torch
 
+from nli_helpers import files
 from nli_helpers.config import QUIET_LOG_LEVELS, ConfigError, TrainConfig
 from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
 from nli_helpers.run import RunStopped
@@ -93,12 +96,20 @@ def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainCon
     """The flags, with what Vertex AI's environment gives where they left a field unset."""
     check_replica_gpus(cfg, env)
     checkpoints = env.get(CHECKPOINT_DIR_ENV)
+    quiet = cfg.log_level in QUIET_LOG_LEVELS
+    trial = trial_id(env)
+    if trial:  # Vertex AI gives each trial its own AIP_* folders; a folder the args name is shared
+        own = {name: files.join(folder, f"trial-{trial}")
+               for name in ("output_dir", "checkpoint_dir") if (folder := getattr(cfg, name))}
+        cfg = dataclasses.replace(cfg, **own)
+        if own and env.get("RANK", "0") == "0" and not quiet:
+            print(f"tuning trial {trial}: " + ", ".join(f"--{k} {v}" for k, v in own.items())
+                  + " (parallel trials never share a folder)")
     # With AIP_CHECKPOINT_DIR set, a replica Vertex AI restarts continues instead of starting over.
     resume = cfg.resume_from_checkpoint or ("auto" if checkpoints else None)
     cfg = dataclasses.replace(cfg, output_dir=cfg.output_dir or env.get(MODEL_DIR_ENV),
                               checkpoint_dir=cfg.checkpoint_dir or checkpoints,
                               resume_from_checkpoint=resume)
-    quiet = cfg.log_level in QUIET_LOG_LEVELS
     if checkpoints and resume == "auto" and env.get("RANK", "0") == "0" and not quiet:
         print(f"{CHECKPOINT_DIR_ENV} is set (Vertex AI): resuming from the newest complete "
               f"checkpoint in {cfg.checkpoint_dir}, if any")
@@ -184,21 +195,21 @@ def callbacks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> list[Tra
     out: list[TrainCallback] = []
     if env.get(TENSORBOARD_ENV):
         out.append(TensorBoardCallback(env[TENSORBOARD_ENV]))
-    if cfg.tuning_metric or in_tuning_trial(env):  # else the legacy tag, else the default
+    if cfg.tuning_metric or trial_id(env):  # else the legacy tag, else the default
         out.append(HypertuneCallback(cfg.tuning_metric or env.get(METRIC_TAG_ENV)
                                      or DEFAULT_HYPERTUNE_METRIC))
     return out
 
 
-def in_tuning_trial(env: Mapping[str, str] = os.environ) -> bool:
-    """CLOUD_ML_TRIAL_ID, which cloudml-hypertune reads, or CLUSTER_SPEC's `task.trial`, "only set
-    if the current training job is a hyperparameter tuning job" (https://cloud.google.com/
-    vertex-ai/docs/training/distributed-training, CLUSTER_SPEC): either one is a trial."""
+def trial_id(env: Mapping[str, str] = os.environ) -> str | None:
+    """This tuning trial's id: CLOUD_ML_TRIAL_ID, which cloudml-hypertune reads, or CLUSTER_SPEC's
+    `task.trial`, "only set if the current training job is a hyperparameter tuning job"
+    (https://cloud.google.com/vertex-ai/docs/training/distributed-training, CLUSTER_SPEC)."""
     try:
         trial = json.loads(env.get(CLUSTER_SPEC_ENV) or "{}").get("task", {}).get("trial")
     except (ValueError, AttributeError):
         trial = None
-    return bool(env.get(TRIAL_ID_ENV) or trial)
+    return env.get(TRIAL_ID_ENV) or (str(trial) if trial else None)
 
 
 def parse_hypertune_metric(metric: str) -> tuple[str, str]:
