@@ -570,6 +570,19 @@ def test_g4_machines_carry_their_blackwell_gpu_and_need_the_cu130_image(gcs_buck
     assert "comes with 2 x NVIDIA_RTX_PRO_6000" in pricing.accelerator_problem("g4-standard-96", "NVIDIA_L4", 1)
 
 
+@pytest.mark.parametrize("machine_type, gpus, spot, status", [
+    ("a3-highgpu-1g", 1, False, "warn"), ("a3-highgpu-4g", 4, False, "warn"),
+    ("a3-highgpu-2g", 2, True, "ok"), ("a3-highgpu-8g", 8, False, "ok")])
+def test_the_small_a3_sizes_are_flagged_unless_they_run_on_spot(gcs_bucket, machine_type, gpus, spot, status):
+    checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", spot=spot, verbose=False,
+                              machine=Machine(machine_type, "NVIDIA_H100_80GB", gpus),
+                              image_uri="us-central1-docker.pkg.dev/p/nli/trainer:0.1.0-cu126")
+    (machine,) = [c for c in checks if c.name == "machine"]
+    assert machine.status == status, machine
+    if status == "warn":
+        assert "only as Spot or Flex-start VMs" in machine.message and "spot=True" in machine.message
+
+
 def test_the_reduction_server_image_comes_from_the_multi_region_nearest_the_job():
     assert vertex.ReductionServer(1).image_uri == vertex.REDUCTION_SERVER_IMAGE  # us-central1
     europe = vertex.ReductionServer(1, region="europe-west4").worker_pool()["container_spec"]["image_uri"]

@@ -36,6 +36,14 @@ BUCKET_MULTI_REGIONS = {"US": ("us-", "northamerica-"), "EU": ("europe-",), "ASI
                         "ASIA1": ("asia-northeast1", "asia-northeast2")}
 
 
+# "For a3-highgpu-1g, a3-highgpu-2g, and a3-highgpu-4g machine types, you must create instances by
+# using Spot VMs or Flex-start VMs" (SPOT_OR_FLEX_START_SOURCE, Limitations, A3 High). Vertex AI's
+# "Configure compute resources" page lists the three without that rule: a warning, not a stop.
+SPOT_OR_FLEX_START_ONLY = ("a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g")
+SPOT_OR_FLEX_START_SOURCE = ("https://docs.cloud.google.com/ai-hypercomputer/docs/create/"
+                             "create-mig-with-a3-high-mega")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -48,10 +56,11 @@ class Check:
 
 def preflight(*, region: str, staging_bucket: str, machine: Machine, image_uri: str,
               cfg: TrainConfig | None = None, labels: dict[str, str] | None = None,
-              reduction_server: ReductionServer | None = None, raise_on_failure: bool = True,
-              verbose: bool = True) -> list[Check]:
-    """Check a job of the trainer image `image_uri` before it costs money."""
-    checks = [_check_bucket(staging_bucket, region), _check_machine(machine),
+              reduction_server: ReductionServer | None = None, spot: bool = False,
+              raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
+    """Check a job of the trainer image `image_uri` (on Spot VMs with `spot`) before it costs
+    money."""
+    checks = [_check_bucket(staging_bucket, region), _check_machine(machine, spot),
               _check_image(image_uri, region, machine)]
     if reduction_server is not None:
         checks.append(_check_reduction_server(reduction_server, machine))
@@ -98,15 +107,20 @@ def _check_bucket(staging_bucket: str, region: str) -> Check:
                                message=f"gs://{bucket_name}: {where.message}")
 
 
-def _check_machine(machine: Machine) -> Check:
+def _check_machine(machine: Machine, spot: bool) -> Check:
     problem = accelerator_problem(machine.machine_type, machine.accelerator_type,
                                   machine.accelerator_count)
     if problem is None and machine.replica_count < 1:
         problem = f"replica_count={machine.replica_count} must be >= 1"
     gpus = (f" + {machine.accelerator_count} x {machine.accelerator_type}"
             if machine.accelerator_type else " (no GPU)")
-    return Check("machine", "fail" if problem else "ok",
-                 problem or f"{machine.machine_type}{gpus} x {machine.replica_count} replica(s)")
+    shown = f"{machine.machine_type}{gpus} x {machine.replica_count} replica(s)"
+    if problem is None and machine.machine_type in SPOT_OR_FLEX_START_ONLY and not spot:
+        return Check("machine", "warn", f"{shown}: Compute Engine offers {machine.machine_type} "
+                     "only as Spot or Flex-start VMs, so on demand the job may be refused or wait "
+                     f"for capacity; run it on Spot (spot=True) or take a3-highgpu-8g "
+                     f"({SPOT_OR_FLEX_START_SOURCE})")
+    return Check("machine", "fail" if problem else "ok", problem or shown)
 
 
 def _check_reduction_server(server: ReductionServer, machine: Machine) -> Check:
