@@ -119,3 +119,13 @@ def test_the_package_version_is_the_one_pyproject_gives():
     import nli_helpers
 
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == nli_helpers.__version__
+
+
+def test_a_trainer_process_on_vertex_imports_nothing_of_the_submission_side():
+    """The image runs `python -m nli_helpers.vertex.entry` on every process: the checks, prices, image tables, pools
+    and jobs modules are the notebook's side, and would only slow every rank's start."""
+    code = ("import sys, nli_helpers.vertex.entry, nli_helpers.vertex.launch; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('nli_helpers.vertex'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == ["nli_helpers.vertex", "nli_helpers.vertex.entry", "nli_helpers.vertex.environment",
+                                     "nli_helpers.vertex.launch"]

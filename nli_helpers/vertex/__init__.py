@@ -5,7 +5,7 @@ fetch its outputs. The [vertex] extra; the trainer never imports it.
     >>> machine = Machine("g2-standard-8", "NVIDIA_L4", 1)                               # pools
     >>> pools = container_worker_pools(job_config("full"), machine, cloud.image_uri)
     >>> preflight(region="us-central1", staging_bucket="gs://my-staging-bucket",
-    ...           machine=machine, image_uri=cloud.image_uri)                          # preflight
+    ...           machine=machine, image_uri=cloud.image_uri)                          # checks
     >>> print(estimate_job_cost(pools, hours=3))                                         # pricing
     >>> job = submit_custom_job(pools, base_output_dir="gs://my-staging-bucket/run-1", spot=True)
     >>> watch_job(job)              # a line per state; raises JobFailedError with the logs link
@@ -39,14 +39,12 @@ _MODULES = {
               "Machine ReductionServer container_worker_pools job_args job_config pools_table "
               "reduction_server_image spot_worker_pools stage_data",
     ".pricing": "estimate_cost estimate_job_cost",
+    ".checks": "bucket_location_check preflight",  # the module is not named preflight: no clash
     ".tuning": "validate_search_space",
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
 # What the notebooks, README, docs, localcloud and tests call; the rest stays in its module.
-__all__ = sorted([*_WHERE, "bucket_location_check", "preflight"])
-# Bound at once (no aiplatform in it): `preflight` names its module too, and the first import of
-# that module would otherwise leave the module where the function is asked for.
-from .preflight import bucket_location_check, preflight  # noqa: E402, F401
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
