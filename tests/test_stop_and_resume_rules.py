@@ -97,18 +97,23 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
         run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto", eval_fraction=0.2))
 
 
-def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_retries(tmp_path):
-    """The image's entry point takes SIGTERM from its first lines: during the imports (seconds) and the loading that
-    follow, a preemption exits 134, which Vertex AI retries, instead of dying by the signal or, as PID 1, waiting
-    for SIGKILL (pid_namespaces(7): PID 1 gets only the signals it handles)."""
-    proc = subprocess.Popen([sys.executable, "-m", "nli_helpers.vertex.entry", "--data", "sample"], cwd=tmp_path,
+@pytest.mark.parametrize("command, said", [
+    (["nli_helpers.vertex.entry", "--data", "sample"], "SIGTERM before training started: exiting 134"),
+    (["nli_helpers.vertex.launch", "--", "--data", "sample"], "[launch] SIGTERM before torchrun started: exiting 134"),
+], ids=["entry", "launch"])
+def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_retries(tmp_path, command, said):
+    """The image's entry points (the trainer, and the launcher of a multi-process job) take SIGTERM from their first
+    lines: during the imports (seconds) and the loading that follow, a preemption exits 134, which Vertex AI retries,
+    instead of dying by the signal or, as PID 1, waiting for SIGKILL (pid_namespaces(7): PID 1 gets only the signals
+    it handles)."""
+    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not localcloud.replica.catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)  # as soon as the handler is in: the trainer's imports follow it
     assert proc.wait(timeout=30) == RESTARTABLE_EXIT_CODE
-    assert "SIGTERM before training started: exiting 134" in proc.stderr.read()
+    assert said in proc.stderr.read()
 
 
 def test_the_stand_in_drops_a_sigterm_its_first_process_does_not_handle(tmp_path):

@@ -213,5 +213,15 @@ def run_torchrun(command: list[str]) -> int:
     return code
 
 
+def exit_before_torchrun(signum: int, frame=None) -> None:
+    """The launcher's SIGTERM handler until torchrun starts. As a container's PID 1 it would
+    ignore the signal until SIGKILL while torch loads; nothing is lost yet, so it exits as a
+    preempted run does."""
+    os.write(2, f"[launch] SIGTERM before torchrun started: exiting {RESTARTABLE_EXIT_CODE}, an "
+                "exit code Vertex AI retries\n".encode())
+    os._exit(RESTARTABLE_EXIT_CODE)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_before_torchrun)  # run_torchrun passes later ones on
     sys.exit(main())
