@@ -3,11 +3,13 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from nli_helpers.config import NLIError
 from nli_helpers.vertex import launch
 from nli_helpers.vertex.launch import (
     ClusterSpecError,
@@ -75,24 +77,58 @@ def test_launcher_dry_run_reads_cluster_spec_and_refuses_reduction_servers():
     env["CLUSTER_SPEC"] = spec("workerpool1", workers=1, reducers=2)  # a GPU node's launcher, beside two reducers
     run = subprocess.run([sys.executable, "-m", "nli_helpers.vertex.launch", "--dry-run"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
-    assert run.returncode == 0 and "[launch] 2 Reduction Server replica(s): " in run.stderr, run.stderr
+    # This machine has no Reduction Server plugin: the node stops before torchrun, with one line.
+    assert run.returncode == 2 and "error: 2 Reduction Server replica(s) would be billed for nothing" in run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
 
 
-def test_a_training_node_beside_reducers_says_whether_nccl_has_its_network_plugin(monkeypatch, capsys):
-    """NCCL loads libnccl-net.so, or libnccl-net-$NCCL_NET_PLUGIN.so (NVIDIA/nccl ext-net/README.md)."""
+def fake_plugin(folder, name: str, symbol: str) -> str:
+    """A shared library that exports `symbol`, as an NCCL network plugin exports its API struct."""
+    if not shutil.which("cc"):
+        pytest.skip("building a fake NCCL plugin needs a C compiler (cc)")
+    source = folder / f"{name}.c"
+    source.write_text(f"const int {symbol} = 1;\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / f"lib{name}.so"), str(source)], check=True)
+    return str(folder / f"lib{name}.so")
+
+
+def test_a_training_node_beside_reducers_stops_unless_nccl_loads_its_network_plugin(monkeypatch, capsys, tmp_path):
+    """NCCL loads libnccl-net.so, or libnccl-net-$NCCL_NET_PLUGIN.so (NVIDIA/nccl ext-net/README.md), through the
+    newest `ncclNetPlugin_vN` symbol it supports (src/plugin/net.cc): 6 to 11 in NCCL 2.28."""
     monkeypatch.setattr(os, "environ", {})  # what the launcher sets for NCCL stays in this test
-    libraries = {"nccl-net": "libnccl-net.so"}
+    libraries = {"nccl-net": fake_plugin(tmp_path, "nccl-net", "ncclNetPlugin_v8"),
+                 "nccl-net-old": fake_plugin(tmp_path, "nccl-net-old", "ncclNetPlugin_v5")}
     monkeypatch.setattr(launch.ctypes.util, "find_library", libraries.get)
+    monkeypatch.setattr(launch, "image_nccl_version", lambda: (2, 28, 9))
     check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1)))  # no reducers: nothing to say
     assert capsys.readouterr().err == "" and os.environ == {}
     check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1, reducers=2)))
-    assert "2 Reduction Server replica(s): NCCL's network plugin is libnccl-net.so" in capsys.readouterr().err
+    assert "2 Reduction Server replica(s): NCCL's network plugin libnccl-net.so loads" in capsys.readouterr().err
     assert os.environ == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}  # NCCL says which it loads
-    os.environ.update(NCCL_DEBUG="WARN", NCCL_NET_PLUGIN="gib")  # the user's choices stand
-    check_reduction_server_plugin(cluster_layout(spec("workerpool1", workers=1, reducers=2)))
-    err = capsys.readouterr().err
-    assert "warning: no NCCL network plugin (libnccl-net-gib.so) here" in err and "billed for nothing" in err
+    os.environ.update(NCCL_DEBUG="WARN", NCCL_NET_PLUGIN="old")  # the user's choices stand
+    with pytest.raises(NLIError, match=r"2 Reduction Server replica\(s\) would be billed for nothing: .*"
+                                       r"libnccl-net-old.so exports none of the ncclNetPlugin_v6..v11 symbols "
+                                       r"that NCCL 2.28.9 loads"):
+        check_reduction_server_plugin(cluster_layout(spec("workerpool1", workers=1, reducers=2)))
     assert os.environ["NCCL_DEBUG"] == "WARN"
+    os.environ["NCCL_NET_PLUGIN"] = "gib"
+    with pytest.raises(NLIError, match=r"there is no libnccl-net-gib.so here"):
+        check_reduction_server_plugin(cluster_layout(spec("workerpool1", workers=1, reducers=2)))
+
+
+def test_the_image_build_check_fails_on_a_plugin_the_image_s_nccl_does_not_load(monkeypatch, capsys, tmp_path):
+    """docker/Dockerfile runs `python -m nli_helpers.vertex.launch --check-nccl-plugin` after installing the plugin."""
+    plugin = fake_plugin(tmp_path, "nccl-net", "ncclNetPlugin_v12")
+    monkeypatch.setattr(launch.ctypes.util, "find_library", {"nccl-net": plugin}.get)
+    monkeypatch.setattr(launch, "image_nccl_version", lambda: (2, 30, 7))
+    assert launch.main(["--check-nccl-plugin"]) == 0
+    assert "NCCL 2.30.7 loads the Reduction Server's network plugin" in capsys.readouterr().out
+    monkeypatch.setattr(launch, "image_nccl_version", lambda: (2, 28, 3))  # v12 came with 2.30.3
+    assert launch.main(["--check-nccl-plugin"]) == 2
+    assert "exports none of the ncclNetPlugin_v6..v11 symbols that NCCL 2.28.3 loads" in capsys.readouterr().err
+    monkeypatch.setattr(launch, "image_nccl_version", lambda: ())  # a torch without NCCL: the check cannot tell
+    assert launch.main(["--check-nccl-plugin"]) == 2
+    assert "this torch's NCCL (none) is older than 2.27.0" in capsys.readouterr().err
 
 
 def train_args(job_dir, per_device_batch, model_dir, *extra):

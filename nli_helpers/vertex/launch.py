@@ -127,23 +127,44 @@ def main(argv: list[str] | None = None) -> int:
                         "and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the torchrun command and exit")
+    parser.add_argument("--check-nccl-plugin", action="store_true",
+                        help="exit 0 where this torch's NCCL loads the Reduction Server's network "
+                        "plugin, else 2 (docker/Dockerfile's build runs it)")
     args = parser.parse_args(ours)
-    layout = cluster_layout()
-    if layout.role == "reduction_server":
-        print("error: this replica is in the Reduction Server pool; give that pool the "
-              "reduction-server container image, not the trainer", file=sys.stderr)
+    try:
+        if args.check_nccl_plugin:
+            return check_image_nccl_plugin()
+        layout = cluster_layout()
+        if layout.role == "reduction_server":
+            raise NLIError("this replica is in the Reduction Server pool; give that pool the "
+                           "reduction-server container image, not the trainer")
+        check_reduction_server_plugin(layout)
+    except NLIError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     nproc = args.nproc_per_node or processes_per_node()
     command = torchrun_command(layout, nproc, task_args, max_restarts=args.max_restarts,
                                rendezvous_timeout_s=args.rendezvous_timeout,
                                shutdown_timeout_s=args.shutdown_timeout)
     avoid_a_small_shm(nproc)
-    check_reduction_server_plugin(layout)
     print(f"[launch] {layout.role} node {layout.node_rank}/{layout.nnodes}: "
           f"{shlex.join(command)}", flush=True)
     if args.dry_run:
         return 0
     return run_torchrun(command)
+
+
+def check_image_nccl_plugin() -> int:
+    """The image build's check: this torch's NCCL is in the table, and loads the plugin."""
+    nccl = image_nccl_version()
+    oldest = ".".join(map(str, NCCL_NET_PLUGIN_VERSIONS[-1][0]))
+    problem = nccl_plugin_problem(nccl) if nccl >= NCCL_NET_PLUGIN_VERSIONS[-1][0] else (
+        f"this torch's NCCL ({'.'.join(map(str, nccl)) or 'none'}) is older than {oldest}, "
+        "whose plugin versions the check knows")
+    if problem:
+        raise NLIError(f"the Reduction Server's NCCL plugin would not load: {problem}")
+    print(f"NCCL {'.'.join(map(str, nccl))} loads the Reduction Server's network plugin")
+    return 0
 
 
 def avoid_a_small_shm(nproc: int, path: str = "/dev/shm") -> None:
@@ -159,28 +180,65 @@ def avoid_a_small_shm(nproc: int, path: str = "/dev/shm") -> None:
               "between GPUs: NCCL_SHM_DISABLE=1", file=sys.stderr)
 
 
+# The network-plugin API versions NCCL looks up, as `ncclNetPlugin_vN` symbols, by release
+# (NVIDIA/nccl src/plugin/net.cc `ncclNetVersion[]`: {12, ..., 6} from 2.30.3, {11, ..., 6} in 2.28
+# and 2.29, {10, ..., 6} in 2.27). For older NCCL its own log says whether it loaded the plugin.
+NCCL_NET_PLUGIN_VERSIONS = (((2, 30, 3), range(6, 13)), ((2, 28, 0), range(6, 12)),
+                            ((2, 27, 0), range(6, 11)))
+
+
+def nccl_plugin_problem(nccl: tuple[int, ...], name: str = "nccl-net") -> str | None:
+    """Why NCCL `nccl` would not load the network plugin lib`name`.so, or None. "When NCCL is
+    initialized, it will look for a `libnccl-net.so` library and dynamically load it", or
+    `libnccl-net-${NCCL_NET_PLUGIN}.so` (NVIDIA/nccl ext-net/README.md), as the dynamic linker
+    finds it (ctypes.util.find_library follows it); it then takes the newest symbol it supports,
+    and without one falls back to its own transport ("External network plugin ... is
+    unsupported", 2.28.3 on)."""
+    library = ctypes.util.find_library(name)
+    if library is None:
+        return f"there is no lib{name}.so here"
+    versions = next((v for since, v in NCCL_NET_PLUGIN_VERSIONS if tuple(nccl) >= since), None)
+    try:
+        loaded = ctypes.CDLL(library)
+        exported = [v for v in versions or () if hasattr(loaded, f"ncclNetPlugin_v{v}")]
+    except OSError as e:
+        return f"{library} does not load ({e})"
+    if versions and not exported:
+        return (f"{library} exports none of the ncclNetPlugin_v{versions[0]}..v{versions[-1]} "
+                f"symbols that NCCL {'.'.join(map(str, nccl))} loads")
+    return None
+
+
 def check_reduction_server_plugin(layout: ClusterLayout) -> None:
-    """With a Reduction Server pool, the training nodes' NCCL must load Google's network plugin
-    (the `google-reduction-server` package the distributed-training page asks a custom container
-    for, docker/Dockerfile); else NCCL reduces among the GPU nodes as always and the reducers are
-    billed for nothing. "When NCCL is initialized, it will look for a `libnccl-net.so` library and
-    dynamically load it", or `libnccl-net-${NCCL_NET_PLUGIN}.so` (NVIDIA/nccl ext-net/README.md):
-    found as the dynamic linker finds it, which ctypes.util.find_library follows. NCCL_DEBUG=INFO
-    with NCCL_DEBUG_SUBSYS=INIT,NET makes NCCL log the plugin it loaded ("NET/Plugin: Loaded net
-    plugin ...", an INFO of NCCL_INIT|NCCL_NET in its source); Google's Reduction Server sample
-    Dockerfiles set NCCL_DEBUG=INFO; the subsystem filter is ours, to keep the rest quiet."""
+    """With a Reduction Server pool, a training node's NCCL must load Google's network plugin (the
+    `google-reduction-server` package of docker/Dockerfile); else it reduces among the GPU nodes
+    as always and the reducers are billed for nothing, so the node stops at once. NCCL_DEBUG=INFO
+    with NCCL_DEBUG_SUBSYS=INIT,NET makes NCCL log what it loaded, as Google's Reduction Server
+    sample Dockerfiles set NCCL_DEBUG=INFO (the subsystem filter is ours: the rest stays quiet)."""
     if not layout.reducers or layout.role not in ("chief", "worker"):
         return
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    suffix = f"-{os.environ['NCCL_NET_PLUGIN']}" if os.environ.get("NCCL_NET_PLUGIN") else ""
-    plugin = ctypes.util.find_library(f"nccl-net{suffix}")
-    print(f"[launch] {layout.reducers} Reduction Server replica(s): " + (
-        f"NCCL's network plugin is {plugin}; NCCL's 'NET/Plugin' lines below say which it loads"
-        if plugin else f"warning: no NCCL network plugin (libnccl-net{suffix}.so) here, so NCCL "
-        "reduces without them and they are billed for nothing: install the google-reduction-server "
-        "package in the image (docker/Dockerfile) or drop the Reduction Server pool"),
-        file=sys.stderr, flush=True)
+    plugin = "nccl-net" + (f"-{os.environ['NCCL_NET_PLUGIN']}" if os.environ.get("NCCL_NET_PLUGIN")
+                           else "")
+    problem = nccl_plugin_problem(image_nccl_version(), plugin)
+    if problem:
+        raise NLIError(f"{layout.reducers} Reduction Server replica(s) would be billed for "
+                       f"nothing: {problem}. Build the image from docker/Dockerfile (it "
+                       "installs the google-reduction-server package and checks it), or drop "
+                       "the Reduction Server pool")
+    print(f"[launch] {layout.reducers} Reduction Server replica(s): NCCL's network plugin "
+          f"lib{plugin}.so loads; NCCL's NET lines below say so", file=sys.stderr, flush=True)
+
+
+def image_nccl_version() -> tuple[int, ...]:
+    """The NCCL that torch loads here; () on a torch built without NCCL (a CPU build)."""
+    import torch
+
+    try:
+        return tuple(torch.cuda.nccl.version())
+    except (AttributeError, RuntimeError):
+        return ()
 
 
 def run_torchrun(command: list[str]) -> int:
