@@ -10,14 +10,51 @@ in an ancestor namespace can [...] send signals to the "init" process of a child
 
 from __future__ import annotations
 
+import http.server
 import os
 import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+METADATA_HOST_ENV = "GCE_METADATA_HOST"  # google-auth's override of metadata.google.internal
+
+
+class MetadataServer(http.server.ThreadingHTTPServer):
+    """The VM's metadata server, for the two keys that say the VM is going. "instance/preempted": "TRUE" while a
+    Spot VM is being preempted ("Detect if a VM is preempted", https://cloud.google.com/compute/docs/instances/
+    spot). "instance/maintenance-event": "TERMINATE_ON_HOST_MAINTENANCE" before a GPU VM stops for maintenance,
+    else "NONE" ("Handle GPU host maintenance events", https://cloud.google.com/compute/docs/gpus/
+    gpu-host-maintenance). Each request needs the header "Metadata-Flavor: Google" (both pages' curl)."""
+
+    def __init__(self, replica: Replica):
+        self.replica = replica
+        super().__init__(("127.0.0.1", 0), MetadataHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def answer(self, path: str) -> str | None:
+        going = self.replica.preempted
+        return {"/computeMetadata/v1/instance/preempted": "TRUE" if going == "spot" else "FALSE",
+                "/computeMetadata/v1/instance/maintenance-event":
+                    "TERMINATE_ON_HOST_MAINTENANCE" if going == "maintenance" else "NONE"}.get(path)
+
+
+class MetadataHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        value = self.server.answer(self.path) if self.headers.get("Metadata-Flavor") == "Google" else None
+        body = (value or "").encode()
+        self.send_response(200 if value is not None else 403 if "Metadata-Flavor" not in self.headers else 404)
+        self.send_header("Content-Type", "application/text")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
 
 
 @dataclass
@@ -32,6 +69,7 @@ class Replica:
     preempted: str | None = None  # "spot" or "maintenance" while its VM is being taken away
     finished: bool = False  # exited 0
     logs: list[Path] = field(default_factory=list)
+    metadata: MetadataServer | None = None  # its VM's, while it runs
 
     @property
     def primary(self) -> bool:
@@ -41,21 +79,27 @@ class Replica:
         (self.workdir / self.name).mkdir(parents=True, exist_ok=True)
         self.logs.append(self.workdir / f"{self.name}.attempt-{self.attempt + 1}.log")
         self.attempt, self.preempted, self.finished = self.attempt + 1, None, False
+        self.metadata = self.metadata or MetadataServer(self)
+        env = {**self.env, METADATA_HOST_ENV: f"127.0.0.1:{self.metadata.server_address[1]}"}
         with open(self.logs[-1], "w") as log:
-            self.process = subprocess.Popen(self.command, cwd=self.workdir / self.name, env=self.env,
+            self.process = subprocess.Popen(self.command, cwd=self.workdir / self.name, env=env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def kill_all(self) -> None:
-        """SIGKILL every process of the replica (what tearing a container down does)."""
+        """SIGKILL every process of the replica (what tearing a container down does), and its VM's metadata server."""
         if self.process is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             self.process.wait()
+        server, self.metadata = self.metadata, None  # the fake's loop and a preemption's timer may both stop it
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
     def log_text(self, attempt: int | None = None) -> str:
         """One attempt's log; the newest by default (start() appends it before the attempt counter moves

@@ -6,10 +6,12 @@ picks whichever was imported first when pytest collects both folders in one run.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 from localcloud.replica import free_port  # noqa: F401  (the tests' one free-port rule)
@@ -129,3 +131,17 @@ def error_without_credentials(tmp_path: Path, imports: str, call: str) -> str:
                             timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+@contextlib.contextmanager
+def vm_metadata(going: str | None):
+    """{"GCE_METADATA_HOST": ...} of a VM metadata server (localcloud's) that says the VM is going: "spot" (being
+    preempted), "maintenance" (stopping for host maintenance) or None (staying)."""
+    from localcloud.replica import METADATA_HOST_ENV, MetadataServer
+
+    server = MetadataServer(types.SimpleNamespace(preempted=going))
+    try:
+        yield {METADATA_HOST_ENV: f"127.0.0.1:{server.server_address[1]}"}
+    finally:
+        server.shutdown()
+        server.server_close()

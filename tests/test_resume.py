@@ -18,7 +18,7 @@ import pytest
 
 from nli_helpers.checkpoint import MANIFEST, latest_checkpoint
 from nli_helpers.vertex.environment import RESTARTABLE_EXIT_CODE
-from tests.helpers import ROOT, VERTEX_ENTRY, on_a_small_disk, run_task
+from tests.helpers import ROOT, VERTEX_ENTRY, on_a_small_disk, run_task, vm_metadata
 from tests.tiny_model import tiny_model
 
 
@@ -86,8 +86,10 @@ def _interrupt(proc: subprocess.Popen, job: Path, sig: int) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_interrupted_run_resumes_to_the_same_curve_and_metrics(sig, dropout_model, uninterrupted, tmp_path):
     job = tmp_path / "job"
-    # What the trainer image runs on Vertex AI: a SIGTERM there ends in the exit code Vertex AI retries.
-    returncode, stderr = start_and_interrupt(job, dropout_model, sig, module=VERTEX_ENTRY)
+    # What the trainer image runs on Vertex AI: a SIGTERM while the VM is being preempted ends in the exit code
+    # Vertex AI retries.
+    with vm_metadata("spot") as metadata:
+        returncode, stderr = start_and_interrupt(job, dropout_model, sig, env=metadata, module=VERTEX_ENTRY)
     if sig == signal.SIGTERM:
         assert returncode == RESTARTABLE_EXIT_CODE == 134, stderr[-2000:]
         assert "Rerun with --resume_from_checkpoint auto" in stderr

@@ -20,8 +20,7 @@ from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.run import RunStopped, run_training
 from nli_helpers.train import TrainCallback
 from nli_helpers.vertex.entry import stopped_exit
-from nli_helpers.vertex.environment import RESTARTABLE_EXIT_CODE
-from tests.helpers import ROOT
+from tests.helpers import ROOT, vm_metadata
 
 
 class SigtermAt(TrainCallback):
@@ -57,14 +56,20 @@ def test_sigterm_without_checkpoints_says_so_and_exits_with_a_code_vertex_does_n
     assert "checkpoint saved to None" not in str(err.value)
 
 
-def test_sigterm_with_a_checkpoint_exits_with_the_code_vertex_retries_and_marks_the_rank(tmp_path, tiny_model_dir):
+def test_sigterm_with_a_checkpoint_exits_the_code_vertex_retries_only_when_the_vm_is_going(tmp_path, tiny_model_dir):
+    """Vertex AI restarts a preempted or maintained VM's job whatever its exit code, and retries 134 after anything
+    else too: so 134 only when the metadata server says the VM is going, 143 after a cancel or a timeout."""
     with pytest.raises(RunStopped, match="checkpoint saved to .*Rerun with --resume_from_checkpoint auto") as err:
         run_training(cfg(tmp_path / "job", tiny_model_dir), callbacks=[SigtermAt(step=1)])
     assert err.value.checkpoint == latest_checkpoint(str(tmp_path / "job" / "checkpoints"))
-    markers = tmp_path / "markers"
+    assert stopped_exit(err.value, env={})[0] == 143  # no metadata server (off Google Cloud): not going
+    for going, code in (("spot", 134), ("maintenance", 134), (None, 143)):
+        with vm_metadata(going) as env:
+            assert stopped_exit(err.value, env=env)[0] == code, going
+    markers = tmp_path / "markers"  # torchrun stopping the ranks after another failed: no retry
     markers.mkdir()
-    assert stopped_exit(err.value, env={"NLI_PREEMPTED_MARKERS": str(markers), "RANK": "3"})[0] == 134
-    assert (markers / "rank-3").read_text() == "preempted\n"  # what vertex.launch reads
+    with vm_metadata("spot") as env:
+        assert stopped_exit(err.value, env={**env, "NLI_PREEMPTED_MARKERS": str(markers)})[0] == 143
 
 
 def test_sigterm_during_the_final_evaluation_checkpoints_the_last_step_and_finishes(tmp_path, tiny_model_dir):
@@ -98,22 +103,25 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
 
 
 @pytest.mark.parametrize("command, said", [
-    (["nli_helpers.vertex.entry", "--data", "sample"], "SIGTERM before training started: exiting 134"),
-    (["nli_helpers.vertex.launch", "--", "--data", "sample"], "[launch] SIGTERM before torchrun started: exiting 134"),
+    (["nli_helpers.vertex.entry", "--data", "sample"], "SIGTERM before training started: exiting "),
+    (["nli_helpers.vertex.launch", "--", "--data", "sample"], "[launch] SIGTERM before torchrun started: exiting "),
 ], ids=["entry", "launch"])
-def test_a_sigterm_while_the_entry_point_imports_exits_as_a_preemption_vertex_retries(tmp_path, command, said):
+@pytest.mark.parametrize("going, code", [("spot", 134), (None, 143)], ids=["preempted", "cancelled"])
+def test_a_sigterm_while_the_entry_point_imports_exits_at_once(tmp_path, command, said, going, code):
     """The image's entry points (the trainer, and the launcher of a multi-process job) take SIGTERM from their first
-    lines: during the imports (seconds) and the loading that follow, a preemption exits 134, which Vertex AI retries,
-    instead of dying by the signal or, as PID 1, waiting for SIGKILL (pid_namespaces(7): PID 1 gets only the signals
-    it handles)."""
-    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not localcloud.replica.catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)  # as soon as the handler is in: the trainer's imports follow it
-    assert proc.wait(timeout=30) == RESTARTABLE_EXIT_CODE
-    assert said in proc.stderr.read()
+    lines: during the imports (seconds) and the loading that follow they exit at once, 134 (retried) when the VM is
+    being preempted, else 143, instead of dying by the signal or, as PID 1, waiting for SIGKILL (pid_namespaces(7):
+    PID 1 gets only the signals it handles)."""
+    with vm_metadata(going) as metadata:
+        proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **metadata, "PYTHONPATH": str(ROOT)})
+        deadline = time.monotonic() + 30
+        while not localcloud.replica.catches(proc.pid, signal.SIGTERM) and proc.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)  # as soon as the handler is in: the trainer's imports follow it
+        assert proc.wait(timeout=30) == code
+    assert f"{said}{code}" in proc.stderr.read()
 
 
 def test_the_stand_in_drops_a_sigterm_its_first_process_does_not_handle(tmp_path):

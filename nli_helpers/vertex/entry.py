@@ -13,9 +13,9 @@ What Vertex AI adds (each name spelled once, in `environment`):
   task.trial), or with `--tuning_metric`, the metric reported through cloudml-hypertune after
   every evaluation;
 - a replica whose pool asked for GPUs (CLUSTER_SPEC) and sees none stops before loading anything;
-- a SIGTERM that left a checkpoint exits 134, a code Vertex AI retries. Under `vertex.launch` a
-  marker file tells the launcher so, and a SIGTERM that torchrun sends after another rank failed
-  exits at once.
+- a SIGTERM that left a checkpoint exits 134, a code Vertex AI retries, when Compute Engine says
+  the VM is being preempted or maintained, else 143 (a cancel, a timeout: never retried); under
+  `vertex.launch`, a SIGTERM that torchrun sends after another rank failed exits at once.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .environment import (
     RESTARTABLE_EXIT_CODE,
     TENSORBOARD_ENV,
     TRIAL_ID_ENV,
+    host_is_going,
 )
 
 
@@ -43,29 +44,28 @@ from .environment import (
 def exit_before_training(signum: int, frame=None) -> None:
     """The entry point's SIGTERM handler until training starts (`run.sigterm_requests` then takes
     over). Without it the imports and loading (seconds to minutes) die by the signal or, as a
-    container's PID 1, ignore it until SIGKILL: neither is an exit Vertex AI retries. Nothing is
-    lost yet, so exit at once as a preempted run does (not when torchrun stops the surviving
-    ranks after one failed: that is no preemption)."""
-    if stopped_by_torchrun_after_a_failure():
-        os._exit(128 + signum)
-    mark_preempted()
-    os.write(2, f"SIGTERM before training started: exiting {RESTARTABLE_EXIT_CODE}, an exit code "
-                "Vertex AI retries\n".encode())
-    os._exit(RESTARTABLE_EXIT_CODE)
+    container's PID 1, ignore it until SIGKILL. Nothing is lost yet: exit at once, with the code
+    a stopped run would give (`stopped_code`)."""
+    code, why = stopped_code()
+    os.write(2, f"SIGTERM before training started: exiting {code}{why}\n".encode())
+    os._exit(code)
+
+
+def stopped_code(env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """134, which Vertex AI retries, when the VM is being preempted or maintained; else 143: a
+    cancel, the job's timeout, or torchrun stopping the ranks after another one failed."""
+    if not stopped_by_torchrun_after_a_failure(env) and host_is_going(env):
+        return RESTARTABLE_EXIT_CODE, (", an exit code Vertex AI retries: Compute Engine is "
+                                       "preempting or maintaining this VM")
+    return PERMANENT_STOP_EXIT_CODE, (", an exit Vertex AI does not retry (a cancel, the job's "
+                                      "timeout or another replica's failure: the VM is not going)")
 
 
 def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
     """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
-    the surviving ranks after one failed (the launcher marks a preemption first)."""
+    the surviving ranks after one failed."""
     markers = env.get(PREEMPTED_MARKERS_ENV)
     return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
-
-
-def mark_preempted(env: Mapping[str, str] = os.environ) -> None:
-    """Under `vertex.launch`, tell the launcher this rank stopped for a SIGTERM, not an error."""
-    folder = env.get(PREEMPTED_MARKERS_ENV)
-    if folder and os.path.isdir(folder):
-        Path(folder, f"rank-{env.get('RANK', '0')}").write_text("preempted\n")
 
 
 if __name__ == "__main__":  # first thing: the imports below take seconds
@@ -256,13 +256,14 @@ class HypertuneCallback(TrainCallback):
             global_step=step)
 
 
-# -- after a SIGTERM: the exit code Vertex AI retries, and the launcher's markers ------------------
+# -- after a SIGTERM: the exit code Vertex AI reads ----------------------------------------------
 def stopped_exit(stopped: RunStopped, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
-    """134 (retried; the restart resumes) after a checkpoint, 143 (not retried) without one."""
+    """`stopped_code`'s, once a checkpoint is saved; 143 (not retried) without one."""
     if stopped.checkpoint is None:
         return PERMANENT_STOP_EXIT_CODE, ", an exit Vertex AI does not retry"
-    mark_preempted(env)
-    return RESTARTABLE_EXIT_CODE, ", an exit code Vertex AI retries; the restarted job resumes"
+    code, why = stopped_code(env)
+    return code, why + ("; the restarted job resumes" if code == RESTARTABLE_EXIT_CODE else
+                        "; rerun with --resume_from_checkpoint auto to continue")
 
 
 VERTEX_AI = Platform(configure=configure, callbacks=callbacks, stopped=stopped_exit,

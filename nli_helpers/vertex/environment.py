@@ -1,14 +1,18 @@
 """Vertex AI's contract with a custom training container, spelled once: the environment it sets,
-the exit codes it retries, and the marker files that carry a preemption through torchrun. Plain
-constants (no torch), so the launcher reads them at start-up.
+the exit codes it retries, the marker file that carries the launcher's SIGTERM through torchrun,
+and whether the VM is going. No torch, so the launcher reads it at start-up.
 
 Sources: "Prepare training code" (https://cloud.google.com/vertex-ai/docs/training/
 code-requirements) for AIP_*; "Use Vertex AI TensorBoard with custom training"
 (https://cloud.google.com/vertex-ai/docs/experiments/tensorboard-training); "Distributed training"
 (https://cloud.google.com/vertex-ai/docs/training/distributed-training) for CLUSTER_SPEC; "Handle
 common errors" (https://docs.cloud.google.com/vertex-ai/docs/training/understanding-training-service)
-for the exit codes.
+for the exit codes; "Use Spot VMs" (https://docs.cloud.google.com/vertex-ai/docs/training/
+use-spot-vms) for a preempted job's restarts.
 """
+
+import os
+import urllib.request
 
 MODEL_DIR_ENV = "AIP_MODEL_DIR"  # base_output_dir/model: the run folder
 CHECKPOINT_DIR_ENV = "AIP_CHECKPOINT_DIR"  # base_output_dir/checkpoints: set, a restart resumes
@@ -17,12 +21,34 @@ TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"  # set in a hyperparameter tuning trial
 METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"  # the legacy AI Platform name of the metric to report
 CLUSTER_SPEC_ENV = "CLUSTER_SPEC"  # the worker pools and this replica's place among them
 
-# In a custom container Vertex AI restarts a job (up to three times) after exit 134 or 139 only:
-# 134 after a SIGTERM that left a checkpoint; 143 (128 + SIGTERM) when nothing can resume.
+# In a custom container Vertex AI restarts a job (up to three times) after exit 134 or 139 only,
+# and restarts a job whose VM was preempted (Spot) or maintained on its own, whatever the exit
+# code. So a SIGTERM exits 134 only when Compute Engine says the VM is going (`host_is_going`): a
+# cancel, the job's timeout or another replica's failure exits 143 (128 + SIGTERM), never retried.
 RESTARTABLE_EXIT_CODE = 134
 PERMANENT_STOP_EXIT_CODE = 143
 
-# Each trainer process that stops for a SIGTERM leaves a file `rank-<RANK>` in this folder
-# (entry.stopped_exit); the launcher creates LAUNCHER_SIGTERM there when it passes one on.
+# The launcher creates LAUNCHER_SIGTERM in this folder when it passes a SIGTERM on to the trainers:
+# one without it comes from torchrun stopping the ranks after another failed.
 PREEMPTED_MARKERS_ENV = "NLI_PREEMPTED_MARKERS"
 LAUNCHER_SIGTERM = "launcher-sigterm"
+# google-auth's override of the metadata server's host (default metadata.google.internal).
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+
+
+def host_is_going(env=os.environ, timeout_s: float = 1.0) -> bool:
+    """Whether Compute Engine's metadata server says this VM is being preempted (`instance/
+    preempted` is TRUE: "Detect if a VM is preempted") or stopped for host maintenance
+    (`instance/maintenance-event` is not NONE: "Handle GPU host maintenance events"). No answer
+    (no metadata server, as off Google Cloud) is no."""
+    root = f"http://{env.get(METADATA_HOST_ENV, 'metadata.google.internal')}/computeMetadata/v1/"
+    answers = {}
+    for key in ("instance/preempted", "instance/maintenance-event"):
+        request = urllib.request.Request(root + key, headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                answers[key] = response.read().decode().strip()
+        except (OSError, ValueError):
+            return False
+    return answers["instance/preempted"] == "TRUE" or \
+        answers["instance/maintenance-event"] not in ("NONE", "")

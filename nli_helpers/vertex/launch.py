@@ -30,8 +30,10 @@ from nli_helpers.config import NLIError
 from .environment import (
     CLUSTER_SPEC_ENV,
     LAUNCHER_SIGTERM,
+    PERMANENT_STOP_EXIT_CODE,
     PREEMPTED_MARKERS_ENV,
     RESTARTABLE_EXIT_CODE,
+    host_is_going,
 )
 
 ENTRY_MODULE = "nli_helpers.vertex.entry"  # what torchrun starts on every process
@@ -88,10 +90,11 @@ def cluster_layout(cluster_spec: str | dict | None = None,
                          len(cluster.get(REDUCTION_SERVER_POOL, [])))
 
 
-def processes_per_node() -> int:
-    import torch  # only here: the launcher needs torch for nothing else
+def processes_per_node(count_gpus: bool = False) -> int:
+    """One per visible GPU, else one (or 0 with `count_gpus`)."""
+    import torch  # lazily: --help and the signal handler come first
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return torch.cuda.device_count() if torch.cuda.is_available() else int(not count_gpus)
 
 
 def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
@@ -217,6 +220,10 @@ def check_reduction_server_plugin(layout: ClusterLayout) -> None:
     sample Dockerfiles set NCCL_DEBUG=INFO (the subsystem filter is ours: the rest stays quiet)."""
     if not layout.reducers or layout.role not in ("chief", "worker"):
         return
+    if not processes_per_node(count_gpus=True):  # gloo on the CPU (the stand-in): no NCCL here
+        print(f"[launch] {layout.reducers} Reduction Server replica(s), but no CUDA GPU here: gloo "
+              "reduces, without NCCL or its plugin", file=sys.stderr, flush=True)
+        return
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     plugin = "nccl-net" + (f"-{os.environ['NCCL_NET_PLUGIN']}" if os.environ.get("NCCL_NET_PLUGIN")
@@ -260,24 +267,26 @@ def run_torchrun(command: list[str]) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        preempted = sorted(p.name for p in markers.iterdir() if p.name.startswith("rank-"))
     finally:
         shutil.rmtree(markers, ignore_errors=True)
-    if preempted or (signalled and code != 0):
-        print(f"[launch] preempted ({', '.join(preempted) or 'signal'}): exiting "
-              f"{RESTARTABLE_EXIT_CODE}, an exit code Vertex AI retries; the restarted job "
-              "resumes from the newest checkpoint", file=sys.stderr, flush=True)
-        return RESTARTABLE_EXIT_CODE
+    if signalled and code != 0:  # torchrun itself exits 1, whatever its trainers did
+        restart = host_is_going()
+        code = RESTARTABLE_EXIT_CODE if restart else PERMANENT_STOP_EXIT_CODE
+        print(f"[launch] stopped by a signal: exiting {code}, " + (
+            "an exit code Vertex AI retries (Compute Engine is preempting or maintaining this VM); "
+            "the restarted job resumes from the newest checkpoint" if restart else
+            "an exit Vertex AI does not retry (a cancel or the job's timeout: the VM is not "
+            "going)"), file=sys.stderr, flush=True)
     return code
 
 
 def exit_before_torchrun(signum: int, frame=None) -> None:
     """The launcher's SIGTERM handler until torchrun starts. As a container's PID 1 it would
-    ignore the signal until SIGKILL while torch loads; nothing is lost yet, so it exits as a
-    preempted run does."""
-    os.write(2, f"[launch] SIGTERM before torchrun started: exiting {RESTARTABLE_EXIT_CODE}, an "
-                "exit code Vertex AI retries\n".encode())
-    os._exit(RESTARTABLE_EXIT_CODE)
+    ignore the signal until SIGKILL while torch loads; nothing is lost yet, so it exits at once,
+    with the code a stopped run gives."""
+    code = RESTARTABLE_EXIT_CODE if host_is_going() else PERMANENT_STOP_EXIT_CODE
+    os.write(2, f"[launch] SIGTERM before torchrun started: exiting {code}\n".encode())
+    os._exit(code)
 
 
 if __name__ == "__main__":
