@@ -67,11 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the JSON results here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from types import SimpleNamespace
+
     from localcloud.gcs import start_emulator
+    from localcloud.replica import METADATA_HOST_ENV, MetadataServer
 
     emulator = start_emulator()
     emulator.make_bucket("preemption")
-    env = {**os.environ, **emulator.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # The VM's metadata server says it is being preempted, as a Spot VM's does: the trainer then exits 134.
+    metadata = MetadataServer(SimpleNamespace(preempted="spot"))
+    env = {**os.environ, **emulator.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           METADATA_HOST_ENV: f"127.0.0.1:{metadata.server_address[1]}"}
     results: dict[str, list[dict]] = {"local": [], "gcs_emulator": []}
     size = None
     try:
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["gcs_emulator"].append(run_once(gcs, Path(tmp) / f"gcs-{i}" / "job", env))
     finally:
         emulator.stop()
+        metadata.shutdown()
     summary = {where: {key: median(r[key] for r in runs) for key in ("to_checkpoint_s", "to_exit_s")}
                for where, runs in results.items()}
     report = {"model": "minilm-l6", "checkpoint_bytes": size, "median": summary, "runs": results,

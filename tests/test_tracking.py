@@ -36,7 +36,7 @@ def trial_run(tmp_path_factory, tiny_model_dir):
         mp.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
         mp.delenv("AIP_TENSORBOARD_LOG_DIR", raising=False)
         result = run_training(entry.configure(cfg), verbose=False, callbacks=entry.callbacks(cfg))
-    return result, metric_file, tmp / "job"
+    return result, metric_file, tmp / "job" / f"trial-{TRIAL_ID}"  # a trial's own folder under --output_dir
 
 
 def test_a_trial_reports_the_metric_after_every_evaluation(trial_run):
