@@ -99,7 +99,7 @@ def test_a_training_node_beside_reducers_stops_unless_nccl_loads_its_network_plu
                  "nccl-net-old": fake_plugin(tmp_path, "nccl-net-old", "ncclNetPlugin_v5")}
     monkeypatch.setattr(launch.ctypes.util, "find_library", libraries.get)
     monkeypatch.setattr(launch, "image_nccl_version", lambda: (2, 28, 9))
-    monkeypatch.setattr(launch, "processes_per_node", lambda count_gpus=False: 1)  # a GPU node
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 1)  # a GPU node
     check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1)))  # no reducers: nothing to say
     assert capsys.readouterr().err == "" and os.environ == {}
     check_reduction_server_plugin(cluster_layout(spec("workerpool0", workers=1, reducers=2)))

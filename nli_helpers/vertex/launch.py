@@ -90,11 +90,10 @@ def cluster_layout(cluster_spec: str | dict | None = None,
                          len(cluster.get(REDUCTION_SERVER_POOL, [])))
 
 
-def processes_per_node(count_gpus: bool = False) -> int:
-    """One per visible GPU, else one (or 0 with `count_gpus`)."""
+def visible_gpus() -> int:
     import torch  # lazily: --help and the signal handler come first
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else int(not count_gpus)
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def torchrun_command(layout: ClusterLayout, nproc_per_node: int, task_args: list[str], *,
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     except NLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    nproc = args.nproc_per_node or processes_per_node()
+    nproc = args.nproc_per_node or visible_gpus() or 1  # one process per GPU, one on a CPU
     command = torchrun_command(layout, nproc, task_args, max_restarts=args.max_restarts,
                                rendezvous_timeout_s=args.rendezvous_timeout,
                                shutdown_timeout_s=args.shutdown_timeout)
@@ -220,7 +219,7 @@ def check_reduction_server_plugin(layout: ClusterLayout) -> None:
     sample Dockerfiles set NCCL_DEBUG=INFO (the subsystem filter is ours: the rest stays quiet)."""
     if not layout.reducers or layout.role not in ("chief", "worker"):
         return
-    if not processes_per_node(count_gpus=True):  # gloo on the CPU (the stand-in): no NCCL here
+    if not visible_gpus():  # gloo on the CPU (the stand-in): no NCCL here
         print(f"[launch] {layout.reducers} Reduction Server replica(s), but no CUDA GPU here: gloo "
               "reduces, without NCCL or its plugin", file=sys.stderr, flush=True)
         return
