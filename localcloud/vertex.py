@@ -21,9 +21,11 @@ workerpool0 (chief) and workerpool1 (workers) gets the variables Vertex sets: CL
 127.0.0.1:PORT, its own task type and index), node-level RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT as the
 prebuilt PyTorch images set them, CLOUD_ML_PROJECT_ID (the project number) and AIP_MODEL_DIR /
 AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really trains over
-torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING. The replicas
-reach the hub this process names with HF_ENDPOINT (`hub_env`). A container job runs the interpreter registered for
-its image: localcloud/image.py builds the trainer image's.
+torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING. The replicas have
+no hub (HUB_OFFLINE_ENV), as a job behind VPC Service Controls, where "Vertex AI won't be able to reach resources
+outside the perimeter" (https://cloud.google.com/vertex-ai/docs/general/vpc-service-controls): a job that names a
+hub model or dataset fails at once, and one staged in gs:// (vertex.stage_data, vertex.stage_model) trains. A
+container job runs the interpreter registered for its image: localcloud/image.py builds the trainer image's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,12 +52,12 @@ from localcloud.tuning import handle_tuning
 JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
-# Environment a container would not have: the checkout on the path, the test venv, the developer's data.
-_HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME")
-# What takes huggingface_hub and datasets offline, set to a value they read as true (huggingface_hub 2.4.0's
-# constants.py, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE against ENV_VARS_TRUE_VALUES; datasets 5.2.0's config.py).
-_HUB_OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
-_TRUE = {"1", "ON", "YES", "TRUE"}
+# Environment a container would not have: the checkout on the path, the test venv, the developer's data, the hub's
+# stand-in (localcloud/hub.py).
+_HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME", "HF_ENDPOINT")
+# What takes huggingface_hub and datasets offline, failing at once instead of after retries (huggingface_hub 2.4.0's
+# constants.py reads HF_HUB_OFFLINE against ENV_VARS_TRUE_VALUES; datasets 5.2.0's config.py HF_DATASETS_OFFLINE).
+HUB_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 PRACTICE_FULL = ("practice mode trains each job on this machine's CPU, where profile full (roberta-base on 393k "
                  "pairs) takes days: practice with notebooks/params/smoke.yaml, rehearse full by adding "
                  "notebooks/params/rehearsal.yaml after full.yaml, or run it on Vertex AI with cloud='google'")
@@ -305,11 +306,11 @@ class FakeVertex:
     def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str],
                  threads: int) -> dict[str, str]:
         base = job.proto.job_spec.base_output_directory.output_uri_prefix.rstrip("/")
-        env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV + _HUB_OFFLINE_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=rules.project_number(job.proto.name.split("/")[1]),  # rule 10
-                   **hub_env(os.environ), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                   **HUB_OFFLINE_ENV, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                    NLI_ALLOW_CPU="1")  # not Vertex's: the replicas run on this CPU whatever GPUs the job asked
         env.update(vertex_env(job.proto, replica, hosts))
         env.update({e["name"]: e["value"] for e in spec_env})
@@ -353,15 +354,6 @@ def vertex_env(proto: CustomJob, replica: str, hosts: dict[str, str]) -> dict[st
     if replica in training:
         env["RANK"] = str(training.index(replica))
     return env
-
-
-def hub_env(host: Mapping[str, str]) -> dict[str, str]:
-    """How a job's replicas reach the hub, given this process's environment: through the HF_ENDPOINT it names
-    (localcloud/hub.py's stand-in) unless it is offline; else offline, failing at once instead of after retries."""
-    offline = any(host.get(name, "").upper() in _TRUE for name in _HUB_OFFLINE_ENV)
-    if host.get("HF_ENDPOINT") and not offline:
-        return {"HF_ENDPOINT": host["HF_ENDPOINT"]}
-    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def host_cores() -> int:

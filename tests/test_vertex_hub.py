@@ -1,10 +1,11 @@
-"""A Vertex AI job that downloads MultiNLI from the Hugging Face hub, against the fake with the hub's stand-in running.
+"""A Vertex AI job needs no Hugging Face hub: in the stand-in it has none, as behind VPC Service Controls.
 
-A container on Vertex reaches huggingface.co. Here the hub is localcloud/hub.py's stand-in, started as .ci/newcomer
-starts it, and the fake passes its HF_ENDPOINT to the job's replicas when the process running the fake names it and is
-not offline (localcloud/vertex.py, `hub_env`). The job is submitted through the real aiplatform SDK with
-`--data=mnli-subset`, not staged to Cloud Storage, so the trainer in the image's stand-in, where no ../shared/data sits
-beside the installed package, must fetch the split from the hub itself.
+The hub's stand-in (localcloud/hub.py) runs on this machine and HF_ENDPOINT names it, as .ci/newcomer starts it, but
+the fake gives the job's replicas no route to it (localcloud/vertex.py: HF_HUB_OFFLINE, no HF_ENDPOINT), the way
+"Vertex AI won't be able to reach resources outside the perimeter"
+(https://cloud.google.com/vertex-ai/docs/general/vpc-service-controls). Preflight refuses the job that names the hub
+unless the user declares egress; a job submitted anyway fails at once and bills minutes, not hours. Staged in the
+bucket (`vertex.stage_data`, `vertex.stage_model`), the same job trains. Each job goes through the real aiplatform SDK.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from localcloud.hub import FILE, REPO, HubStandIn
+from localcloud.hub import HubStandIn
 from localcloud.image import TRAINER_IMAGE
-from localcloud.vertex import hub_env
 from nli_helpers import mnli, vertex
 from nli_helpers.config import make_config
 from nli_helpers.data import MNLI_SUBSET
@@ -41,38 +41,38 @@ def dev_matched(request) -> Path:
     return mnli.SHARED_FILE
 
 
-def test_the_replicas_get_the_hub_this_process_names_unless_it_is_offline():
-    endpoint = "http://127.0.0.1:8765"
-    assert hub_env({"HF_ENDPOINT": endpoint}) == {"HF_ENDPOINT": endpoint}
-    assert hub_env({"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0"}) == {"HF_ENDPOINT": endpoint}
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    assert hub_env({}) == offline  # huggingface.co: unreachable from this machine
-    for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        assert hub_env({"HF_ENDPOINT": endpoint, flag: "true"}) == offline, flag
+def _run(fake, gcs_bucket: str, cfg, name: str):
+    pools = vertex.container_worker_pools(cfg, Machine("n1-standard-4", None, 0), TRAINER_IMAGE)
+    job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/nli-jobs/{name}", display_name=name)
+    fake.wait(job.resource_name, timeout=900)
+    return job, fake.jobs[job.resource_name].log
 
 
-def test_a_job_trains_on_multinli_it_downloads_from_the_hub(fake_vertex_runner, gcs_bucket, dev_matched, tmp_path,
-                                                             monkeypatch):
+def test_a_job_has_no_hub_and_trains_on_what_was_staged(fake_vertex_runner, gcs_bucket, dev_matched, tmp_path,
+                                                        monkeypatch):
     hub = HubStandIn(dev_matched, tmp_path / "hub")
     for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # conftest.py sets two
         monkeypatch.delenv(flag, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache: the job must download the split
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)  # this machine reaches the hub; the job must not
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    bucket, cfg = f"gs://{gcs_bucket}", make_config("smoke", **JOB)
     try:
-        vertex.init_vertex(PROJECT, REGION, f"gs://{gcs_bucket}", api_endpoint=fake_vertex_runner.endpoint)
-        pools = vertex.container_worker_pools(make_config("smoke", **JOB), Machine("n1-standard-4", None, 0),
-                                              TRAINER_IMAGE)
-        job = vertex.submit_custom_job(pools, base_output_dir=f"gs://{gcs_bucket}/nli-jobs/hub",
-                                       display_name="nli-hub")
-        fake_vertex_runner.wait(job.resource_name, timeout=900)
+        vertex.init_vertex(PROJECT, REGION, bucket, api_endpoint=fake_vertex_runner.endpoint)
+        with pytest.raises(vertex.PreflightError, match="data=mnli-subset: the job downloads it from the Hugging Face"):
+            vertex.preflight(region=REGION, staging_bucket=bucket, machine=Machine(), cfg=cfg,
+                             image_uri=TRAINER_IMAGE, verbose=False)
+        job, log = _run(fake_vertex_runner, gcs_bucket, cfg, "nli-hub")  # submitted anyway: it fails at once
+        assert job.state.name == "JOB_STATE_FAILED", log[-3000:]
+        assert f"--data {MNLI_SUBSET}:" in log and not hub.requests, log[-3000:]
+        staged = vertex.stage_model(vertex.stage_data(cfg, bucket, tmp_path), bucket, tmp_path)
+        vertex.preflight(region=REGION, staging_bucket=bucket, machine=Machine(), cfg=staged, image_uri=TRAINER_IMAGE,
+                         verbose=False)
+        job, log = _run(fake_vertex_runner, gcs_bucket, staged, "nli-staged")
     finally:
         hub.close()
-    log = fake_vertex_runner.jobs[job.resource_name].log
     assert job.state.name == "JOB_STATE_SUCCEEDED", log[-3000:]  # the SDK's get, as watch_job's
-    assert hub.requests.count(f"GET /datasets/{REPO}/resolve/{mnli.HUB_REVISION}/{FILE}") == 1  # downloaded
-    # The trainer's line naming its data: the subset, read from the hub at the stand-in's address.
-    assert (f"[workerpool0-0] data: {MNLI_SUBSET} (MultiNLI dev_matched from the Hugging Face hub ({REPO}, "
-            f"validation_matched, via {hub.endpoint};") in log, log[-3000:]
+    assert f"[workerpool0-0] model: {bucket}/models/{Path(tiny_model()).name} (" in log, log[-3000:]
+    assert f"[workerpool0-0] data: {bucket}/data/{MNLI_SUBSET}" in log, log[-3000:]
     metrics = vertex.fetch_outputs(job, tmp_path / "outputs")
-    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["data"] == MNLI_SUBSET
+    assert json.loads((tmp_path / "outputs" / "train_config.json").read_text())["data"] == staged.data
     assert metrics["train"]["examples"] == 64

@@ -88,17 +88,6 @@ def test_custom_container_job_overrides_the_entry_point_with_the_launcher(fake_v
     assert sent[2]["machineSpec"] == {"machineType": vertex.REDUCTION_SERVER_MACHINE_TYPE}
 
 
-def test_pools_table_shows_each_pool():
-    pools = vertex.container_worker_pools(make_config("smoke"), TWO_L4, IMAGE, reduction_server=ReductionServer(2))
-    rows = vertex.pools_table(pools)
-    assert [(r["pool"], r["role"], r["replicas"], r["gpus"]) for r in rows] == [
-        ("workerpool0", "chief", 1, "2 x NVIDIA_L4"), ("workerpool1", "workers", 3, "2 x NVIDIA_L4"),
-        ("workerpool2", "reduction server", 2, "-")]
-    assert rows[0]["runs"] == "python -m nli_helpers.vertex.launch" and rows[0]["args"].startswith("-- --profile=smoke")
-    assert rows[0]["image"] == IMAGE
-    assert rows[2]["image"] == vertex.REDUCTION_SERVER_IMAGE and rows[2]["machine"] == "n1-highcpu-16"
-
-
 def test_a_reduction_server_needs_workers():
     with pytest.raises(vertex.VertexError, match="set replica_count >= 2"):
         vertex.container_worker_pools(make_config("smoke"), Machine(), "gcr.io/p/t:1",
@@ -215,7 +204,8 @@ def test_the_default_reducer_machine_is_priced():
 
 # -- the whole path: two training nodes run by the fake ----------------------------------------------------------
 def test_two_node_job_trains_through_torchrun_in_the_trainer_image(fake_vertex_runner, gcs_bucket, tmp_path):
-    cfg = make_config("smoke", **TINY_JOB)
+    # The model from the bucket, as a job behind VPC Service Controls reads it: every node copies it (model.py).
+    cfg = vertex.stage_model(make_config("smoke", **TINY_JOB), f"gs://{gcs_bucket}", tmp_path)
     machine, server = Machine("n1-standard-8", "NVIDIA_TESLA_T4", 1, replica_count=2), ReductionServer(1)
     vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", machine=machine, cfg=cfg,
                      image_uri=TRAINER_IMAGE, reduction_server=server, verbose=False)

@@ -28,16 +28,15 @@ _MODULES = {
     ".errors": "JobFailedError NotSubmitted PreflightError VertexError",
     ".images": "DEFAULT_TORCH_CUDA GPU_COMPUTE_CAPABILITY PREBUILT_PYTORCH_IMAGES "
                "TORCH_CUDA_BUILDS image_gpu_problem image_torch_cuda newest_prebuilt_image_uri "
-               "package_torch_requirement prebuilt_image_problem prebuilt_images_table "
+               "package_torch_requirement prebuilt_image_problem "
                "trainer_image_build_commands trainer_image_uri",
     ".jobs": "API_ENDPOINT_ENV CLOUDS TIMEOUT_PER_EXPECTED_HOUR VertexSettings check_cloud "
              "confirm_submit fetch_outputs "
              "init_vertex logs_url queued_help submit_custom_job watch_job",
-    ".packaging": "build_sdist",
     ".pools": "REDUCTION_SERVER_BUCKET_MB REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE "
               "SPOT_CHECKPOINT_EVERY_MINUTES "
-              "Machine ReductionServer container_worker_pools job_args job_config pools_table "
-              "reduction_server_image spot_worker_pools stage_data",
+              "Machine ReductionServer container_worker_pools job_args job_config "
+              "reduction_server_image spot_worker_pools stage_data stage_model",
     ".pricing": "estimate_cost estimate_job_cost",
     ".checks": "bucket_location_check preflight",  # the module is not named preflight: no clash
     ".tuning": "validate_search_space",

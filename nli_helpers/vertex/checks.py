@@ -57,15 +57,18 @@ class Check:
 def preflight(*, region: str, staging_bucket: str, machine: Machine, image_uri: str,
               cfg: TrainConfig | None = None, labels: dict[str, str] | None = None,
               reduction_server: ReductionServer | None = None, spot: bool = False,
-              raise_on_failure: bool = True, verbose: bool = True) -> list[Check]:
+              egress: bool = False, raise_on_failure: bool = True,
+              verbose: bool = True) -> list[Check]:
     """Check a job of the trainer image `image_uri` (on Spot VMs with `spot`) before it costs
-    money."""
+    money. `egress=True` says the job reaches the internet, so it may read the hub."""
     checks = [_check_bucket(staging_bucket, region), _check_machine(machine, spot),
               _check_image(image_uri, region, machine)]
     if reduction_server is not None:
         checks.append(_check_reduction_server(reduction_server, machine))
     if cfg is not None:
-        checks.append(_check_data(cfg))
+        checks.append(_check_input("data", cfg.data or "sample", "sample", egress))
+        checks.append(_check_input("model_name_or_path", cfg.model_name_or_path or "minilm-l6",
+                                   "minilm-l6", egress))
         checks.append(_check_batch(cfg, machine))
     if labels:
         checks.append(_check_labels(labels))
@@ -182,31 +185,39 @@ def _check_image(image_uri: str, region: str, machine: Machine) -> Check:
                  f"custom container {image_uri}: torch {build.tag} (CUDA {build.cuda}){gpu}")
 
 
-def _check_data(cfg: TrainConfig) -> Check:
-    """The job reads its data from gs://, from the image (the sample) or from the hub; never from
-    this machine, whose files it cannot see."""
-    data, stage = cfg.data, "vertex.stage_data(cfg, 'gs://BUCKET', folder) uploads it"
-    if not data or data == "sample":
-        return Check("data", "ok", f"data={data or 'the profile default'}: in the trainer image")
-    if files.is_gcs_uri(data):
+# "Vertex AI won't be able to reach resources outside the perimeter" (VPC Service Controls,
+# https://cloud.google.com/vertex-ai/docs/general/vpc-service-controls); a peered network without
+# a NAT has no internet either. So a job reads from the hub only where its user says it can.
+def _check_input(field: str, value: str, in_image: str, egress: bool) -> Check:
+    """A job reads its data and model from gs:// or the image; from the hub only with `egress`;
+    never from this machine, whose files it cannot see."""
+    what = "model" if field == "model_name_or_path" else "data"
+    stage = f"vertex.stage_{what}(cfg, 'gs://BUCKET', folder) uploads it"
+    if value == in_image:
+        return Check(what, "ok", f"{field}={value}: in the trainer image")
+    if files.is_gcs_uri(value):
         try:
-            fs, path = files.filesystem(data)
+            fs, path = files.filesystem(value)
             found = fs.exists(path)
         except Exception as err:  # NLIError without credentials; gcsfs's HttpError, a refusal
-            return Check("data", "fail", f"data={data}: {err}")
+            return Check(what, "fail", f"{field}={value}: {err}")
         if not found:
-            return Check("data", "fail", f"data={data} does not exist: upload the data first "
+            return Check(what, "fail", f"{field}={value} does not exist: upload the {what} first "
                          f"({stage})")
-        return Check("data", "ok", f"data={data}")
-    path = Path(data).expanduser()
-    if not path.exists() and (path.suffix or data.startswith((".", "/", "~"))):
-        return Check("data", "fail", f"data={data} is neither a file here nor a gs:// URI or a hub "
-                     "name: pass the gs:// URI of the data, or a hub dataset name")
-    if not path.exists():  # mnli-subset or a hub dataset name
-        return Check("data", "warn", f"data={data}: the job downloads it from the Hugging Face hub "
-                     f"at start, which needs the job to reach the internet; {stage} to gs://")
-    return Check("data", "fail", f"data={data} is a local path the Vertex worker cannot see: "
-                 f"{stage} and passes the gs:// URI (or use data='sample')")
+        return Check(what, "ok", f"{field}={value}")
+    path = Path(value).expanduser()
+    if path.exists():
+        return Check(what, "fail", f"{field}={value} is a local path the Vertex worker cannot "
+                     f"see: {stage} and passes the gs:// URI")
+    if path.suffix or value.startswith((".", "/", "~")):
+        return Check(what, "fail", f"{field}={value} is neither a path here nor a gs:// URI or a "
+                     f"hub name: pass the gs:// URI of the {what}")
+    hub = (f"{field}={value}: the job downloads it from the Hugging Face hub at start, in every "
+           f"replica and trial; {stage} once")
+    if egress:
+        return Check(what, "warn", hub)
+    return Check(what, "fail", f"{hub}, or pass egress=True to preflight where the job reaches the "
+                 "internet (behind VPC Service Controls it cannot)")
 
 
 RECIPE_GLOBAL_BATCH = 32  # the full profile's batch, for which its learning rate was tuned

@@ -5,7 +5,6 @@ config's args.
     >>> machine = Machine("g2-standard-8", "NVIDIA_L4", 1, replica_count=2)
     >>> pools = container_worker_pools(job_config("full"), machine, image_uri,
     ...                                reduction_server=ReductionServer(1))
-    >>> pools_table(pools)                                           # one row per pool
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nli_helpers import files
-from nli_helpers.config import LABELS, TrainConfig, make_config, smoke_real_data
-from nli_helpers.vertex.pricing import POOL_ROLES
+from nli_helpers.config import TrainConfig, make_config, smoke_real_data
 
 from .errors import VertexError
 from .images import registry_host
@@ -103,26 +101,55 @@ def job_config(profile: str = "smoke", *, verbose: bool = False, **overrides: An
 
 
 def stage_data(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfig:
-    """`cfg` with its data where a Vertex job can read it: a local file or folder, or `mnli-subset`
-    written out in `folder` as JSON Lines (the same splits), is uploaded to `bucket`/data/; gs://,
-    a hub name and the sample (inside the image) stay as they are."""
+    """`cfg` with its data where a Vertex job reads it without the hub: a local file or folder is
+    uploaded to `bucket`/data/, and so are `mnli-subset`'s or a hub dataset's splits, loaded here
+    once and written in `folder` as JSON Lines, one file a split (so every trial of a tuning job
+    holds out the same pairs); gs:// and the sample (inside the image) stay as they are."""
     from nli_helpers import data  # lazy: data loads torch
 
-    if cfg.data == data.MNLI_SUBSET:
-        local = Path(folder) / f"{data.MNLI_SUBSET}.jsonl"
-        local.parent.mkdir(parents=True, exist_ok=True)
-        frame = data.mnli_subset_frame(data.LoadReport(data.MNLI_SUBSET))
-        frame.assign(label=[LABELS[i] for i in frame["label"]]).to_json(
-            local, orient="records", lines=True, force_ascii=False)
-    elif cfg.data and cfg.data != "sample" and not files.is_gcs_uri(cfg.data) \
-            and Path(cfg.data).expanduser().exists():
-        local = Path(cfg.data).expanduser()
-    else:
+    if not cfg.data or cfg.data == "sample" or files.is_gcs_uri(cfg.data):
         return cfg
-    uri = f"{bucket.rstrip('/')}/data/{local.name}"
+    local = Path(cfg.data).expanduser()
+    if not local.exists():
+        if local.suffix or cfg.data.startswith((".", "/", "~")):
+            return cfg  # a file that is not there: preflight says so
+        local = Path(folder) / cfg.data.replace("/", "--")
+        local.mkdir(parents=True, exist_ok=True)
+        splits = data.load_nli_splits(cfg.data, eval_fraction=cfg.eval_fraction, seed=cfg.seed)
+        for name, pairs in splits.items():
+            pairs.to_json(local / f"{name}.jsonl", force_ascii=False)
+    return _upload(cfg, "data", local, f"{bucket.rstrip('/')}/data/{local.name}")
+
+
+def stage_model(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfig:
+    """`cfg` with its model where a Vertex job reads it without the hub: a hub model, downloaded
+    once into `folder` (its weights, config and tokenizer files), or a local model folder is
+    uploaded to `bucket`/models/; gs:// and `minilm-l6` (inside the image) stay as they are."""
+    name = cfg.model_name_or_path or "minilm-l6"
+    if name == "minilm-l6" or files.is_gcs_uri(name):
+        return cfg
+    local = Path(name).expanduser()
+    if not local.is_dir():
+        from huggingface_hub import snapshot_download
+
+        try:
+            local = Path(snapshot_download(name, local_dir=Path(folder) / "models" / name,
+                                           allow_patterns=MODEL_FILES))
+        except Exception as e:  # huggingface_hub raises many types for one cause
+            raise VertexError(f"could not download model {name!r} from the Hugging Face hub "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:200]}): check "
+                              "the name and the network, or pass a local model folder") from e
+    return _upload(cfg, "model_name_or_path", local, f"{bucket.rstrip('/')}/models/{local.name}")
+
+
+# What a model folder needs (from_pretrained): never pickles (.bin), never other frameworks' copies.
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
+
+
+def _upload(cfg: TrainConfig, field: str, local: Path, uri: str) -> TrainConfig:
     files.put(local, uri)
-    print(f"data: uploaded {cfg.data} ({local.name}) to {uri}, where the job reads it")
-    return dataclasses.replace(cfg, data=uri)
+    print(f"{field}: uploaded {getattr(cfg, field)} to {uri}, where the job reads it")
+    return dataclasses.replace(cfg, **{field: uri})
 
 
 def job_args(cfg: TrainConfig) -> list[str]:
@@ -157,22 +184,6 @@ def container_worker_pools(cfg: TrainConfig, machine: Machine, image_uri: str, *
                               "reduction_server")
         pools.append(reduction_server.worker_pool())
     return pools
-
-
-def pools_table(worker_pool_specs: list[dict]) -> list[dict]:
-    """One row per worker pool (role, replicas, machine, GPUs, what it runs), for a look."""
-    rows = []
-    for i, pool in enumerate(worker_pool_specs):
-        spec = pool.get("machine_spec", {})
-        code = pool.get("container_spec", {})
-        runs = " ".join(code.get("command", [])) or "(image entry point)"
-        gpus = (f"{spec['accelerator_count']} x {spec['accelerator_type']}"
-                if spec.get("accelerator_type") else "-")
-        rows.append({"pool": f"workerpool{i}", "role": POOL_ROLES[i],
-                     "replicas": pool.get("replica_count", 0), "machine": spec.get("machine_type"),
-                     "gpus": gpus, "image": code.get("image_uri"),
-                     "runs": runs, "args": " ".join(code.get("args", []))})
-    return rows
 
 
 def spot_worker_pools(worker_pool_specs: list[dict]) -> list[dict]:
