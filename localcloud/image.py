@@ -1,20 +1,22 @@
-"""The trainer image's stand-in: docker/Dockerfile's packages in a venv on this machine's Python.
+"""The trainer image's stand-in: docker/Dockerfile's packages in a venv on this machine's Python, and the trainer's
+sdist, run outside the checkout as the image runs it.
 
 The image is python:3.11 with the torch constraints.txt pins (its cu126 CUDA build there, the CPU build here when
 PyTorch's CPU index answers) and `pip install .[smoke,vertex]` under constraints.txt. `image_venv` builds exactly that
 from the project's sdist, cached by the sdist's content, so it is built once and reused until the package changes:
 notebook 03 runs the trainer in it, and the Vertex AI fake's jobs run there.
 
-    >>> sdist = nli_helpers.vertex.build_sdist("runs/package/dist")
+    >>> sdist = build_sdist("runs/package/dist")  # python -m build --sdist
     >>> venv = image_venv(sdist)                    # pinned torch, then the sdist; cached
-    >>> packaging.run_module(venv.python, "nli_helpers.vertex.entry", ["--profile=smoke", ...],
-    ...                      cwd="runs/package", env=packaging.OFFLINE_ENV)
+    >>> run_module(venv.python, "nli_helpers.vertex.entry", ["--profile=smoke", ...], cwd="runs/package",
+    ...            env=OFFLINE_ENV)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,19 +25,67 @@ import tarfile
 import threading
 import urllib.request
 from dataclasses import dataclass
+from email.parser import Parser
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from packaging.requirements import Requirement
 
-from nli_helpers.config import cache_dir
-from nli_helpers.vertex import packaging
-from nli_helpers.vertex.packaging import (
-    CONSTRAINTS,
-    TIMEOUT_S,
-    PackagingError,
-    clean_env,
-    run_module,
-)
+from nli_helpers.config import NLIError, cache_dir
+
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
+# What a container would not have: the checkout on the path, the notebook's venv, the data file;
+# and a Jupyter kernel's colour switches, which put ANSI codes into the output parsed here.
+HOST_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NLI_REAL_DATA", "FORCE_COLOR",
+                 "CLICOLOR_FORCE")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+TIMEOUT_S = 1800
+
+
+class PackagingError(NLIError):
+    """Creating the venv, installing the sdist or running it failed (the message holds the tail)."""
+
+
+def build_sdist(out_dir: str | Path | None = None, project_dir: str | Path | None = None) -> Path:
+    """Run `python -m build --sdist` on the project and return the .tar.gz path."""
+    project = Path(project_dir) if project_dir else Path(__file__).resolve().parents[1]
+    if not (project / "pyproject.toml").is_file():
+        raise PackagingError(f"no pyproject.toml in {project}: build_sdist needs the project's "
+                             "source checkout")
+    out = Path(out_dir) if out_dir else project / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out),
+                           str(project)], capture_output=True, text=True, env=clean_env())
+    built = re.findall(r"Successfully built (\S+\.tar\.gz)", proc.stdout)
+    if proc.returncode or not built:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise PackagingError("`python -m build --sdist` failed (is `build` installed? pip install "
+                             f"build):\n{tail}")
+    return out / built[-1]
+
+
+def sdist_requirements(sdist: str | Path) -> list[Requirement]:
+    """What the sdist asks pip for: its PKG-INFO's Requires-Dist, without extras-only ones."""
+    with tarfile.open(sdist) as tar:
+        member = next(m for m in tar.getmembers()
+                      if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
+        info = Parser().parsestr(tar.extractfile(member).read().decode())
+    requirements = [Requirement(line) for line in info.get_all("Requires-Dist") or []]
+    return [r for r in requirements if not (r.marker and "extra" in str(r.marker))]
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without what a container would not have, plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if k not in HOST_ONLY_ENV}, "NO_COLOR": "1",
+            **(extra or {})}
+
+
+def run_module(python: str | Path, module: str, args: list[str], *, cwd: str | Path,
+               env: dict[str, str] | None = None,
+               timeout: int = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`python -m module ARGS` in `cwd` (outside the checkout: the installed copy is imported)."""
+    return subprocess.run([str(python), "-m", module, *args], cwd=cwd, env=clean_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
 
 # The image name the tests register with their fakes (the notebooks use vertex.trainer_image_uri's).
 TRAINER_IMAGE = "us-central1-docker.pkg.dev/test-project/nli/trainer:test"
@@ -57,7 +107,7 @@ def project_sdist(folder: Path) -> Path:
     global _sdist
     with _lock:
         if _sdist is None or not _sdist.is_file():
-            _sdist = packaging.build_sdist(folder)
+            _sdist = build_sdist(folder)
         return _sdist
 
 

@@ -120,8 +120,8 @@ from pathlib import Path
 
 from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJob, JobState, Scheduling
 
+from localcloud.image import sdist_requirements
 from localcloud.replica import Replica, stop_all
-from nli_helpers.vertex import packaging
 
 # Rule 2: the PyTorch rows of the prebuilt training images table (PREBUILT, read 2026-11-22): name -> (torch, Python).
 PUBLISHED_PYTORCH_IMAGES = {
@@ -151,7 +151,7 @@ def published_image(uri: str) -> tuple[str, str] | None:
 
 def pip_keeps_torch(sdist: Path, image_torch: str) -> tuple[bool, str]:
     """Rule 3: would `pip install SDIST` keep the image's torch? And the sdist's torch requirement, as text."""
-    torch = next((r for r in packaging.sdist_requirements(sdist) if r.name == "torch"), None)
+    torch = next((r for r in sdist_requirements(sdist) if r.name == "torch"), None)
     if torch is None:
         return True, "no torch requirement"
     return torch.specifier.contains(image_torch, prereleases=True), str(torch)

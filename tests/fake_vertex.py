@@ -19,7 +19,7 @@ __all__ = ["TRAINER_IMAGE"]
 
 @pytest.fixture(scope="session")
 def sdist_path(tmp_path_factory) -> Path:
-    """The project's sdist, built once per session with nli_helpers.vertex.packaging.build_sdist."""
+    """The project's sdist, built once per session with localcloud.image.build_sdist."""
     return project_sdist(tmp_path_factory.mktemp("dist"))
 
 

