@@ -42,7 +42,7 @@ def test_each_gpu_runs_on_the_builds_with_its_kernels(gpu, runs_on):
 
 
 def test_every_gpu_a_machine_can_carry_is_in_the_table():
-    gpus = {gpu for _, gpu, _ in pricing.ATTACHED_GPUS} | set(pricing.N1_GPU_LIMITS)
+    gpus = {gpu for _, gpu, _ in pricing.ATTACHED_GPUS} | set(pricing.N1_GPU_COUNTS)
     assert gpus <= set(vertex.GPU_COMPUTE_CAPABILITY)
 
 

@@ -104,7 +104,7 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
 
 @pytest.mark.parametrize("command, said", [
     (["nli_helpers.vertex.entry", "--data", "sample"], "SIGTERM before training started: exiting "),
-    (["nli_helpers.vertex.launch", "--", "--data", "sample"], "[launch] SIGTERM before torchrun started: exiting "),
+    (["nli_helpers.vertex.launch", "--", "--data", "sample"], "SIGTERM before training started: exiting "),
 ], ids=["entry", "launch"])
 @pytest.mark.parametrize("going, code", [("spot", 134), (None, 143)], ids=["preempted", "cancelled"])
 def test_a_sigterm_while_the_entry_point_imports_exits_at_once(tmp_path, command, said, going, code):

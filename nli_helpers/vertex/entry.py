@@ -28,45 +28,16 @@ from pathlib import Path
 from .environment import (
     CHECKPOINT_DIR_ENV,
     CLUSTER_SPEC_ENV,
-    LAUNCHER_SIGTERM,
     METRIC_TAG_ENV,
     MODEL_DIR_ENV,
     PERMANENT_STOP_EXIT_CODE,
-    PREEMPTED_MARKERS_ENV,
     RESTARTABLE_EXIT_CODE,
     TENSORBOARD_ENV,
     TRIAL_ID_ENV,
-    host_is_going,
+    exit_before_training,
+    stopped_by_torchrun_after_a_failure,
+    stopped_code,
 )
-
-
-# -- from the first line: a SIGTERM before training starts ----------------------------------------
-def exit_before_training(signum: int, frame=None) -> None:
-    """The entry point's SIGTERM handler until training starts (`run.sigterm_requests` then takes
-    over). Without it the imports and loading (seconds to minutes) die by the signal or, as a
-    container's PID 1, ignore it until SIGKILL. Nothing is lost yet: exit at once, with the code
-    a stopped run would give (`stopped_code`)."""
-    code, why = stopped_code()
-    os.write(2, f"SIGTERM before training started: exiting {code}{why}\n".encode())
-    os._exit(code)
-
-
-def stopped_code(env: Mapping[str, str] = os.environ) -> tuple[int, str]:
-    """134, which Vertex AI retries, when the VM is being preempted or maintained; else 143: a
-    cancel, the job's timeout, or torchrun stopping the ranks after another one failed."""
-    if not stopped_by_torchrun_after_a_failure(env) and host_is_going(env):
-        return RESTARTABLE_EXIT_CODE, (", an exit code Vertex AI retries: Compute Engine is "
-                                       "preempting or maintaining this VM")
-    return PERMANENT_STOP_EXIT_CODE, (", an exit Vertex AI does not retry (a cancel, the job's "
-                                      "timeout or another replica's failure: the VM is not going)")
-
-
-def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
-    """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
-    the surviving ranks after one failed."""
-    markers = env.get(PREEMPTED_MARKERS_ENV)
-    return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
-
 
 if __name__ == "__main__":  # first thing: the imports below take seconds
     signal.signal(signal.SIGTERM, exit_before_training)

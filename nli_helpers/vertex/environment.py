@@ -13,6 +13,7 @@ use-spot-vms) for a preempted job's restarts.
 
 import os
 import urllib.request
+from collections.abc import Mapping
 
 MODEL_DIR_ENV = "AIP_MODEL_DIR"  # base_output_dir/model: the run folder
 CHECKPOINT_DIR_ENV = "AIP_CHECKPOINT_DIR"  # base_output_dir/checkpoints: set, a restart resumes
@@ -52,3 +53,31 @@ def host_is_going(env=os.environ, timeout_s: float = 1.0) -> bool:
             return False
     return answers["instance/preempted"] == "TRUE" or \
         answers["instance/maintenance-event"] not in ("NONE", "")
+
+
+def stopped_code(env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """(exit code, why) after a SIGTERM: 134, which Vertex AI retries, when the VM is being
+    preempted or maintained; else 143: a cancel, the job's timeout, or torchrun stopping the ranks
+    after another one failed."""
+    if not stopped_by_torchrun_after_a_failure(env) and host_is_going(env):
+        return RESTARTABLE_EXIT_CODE, (", an exit code Vertex AI retries: Compute Engine is "
+                                       "preempting or maintaining this VM")
+    return PERMANENT_STOP_EXIT_CODE, (", an exit Vertex AI does not retry (a cancel, the job's "
+                                      "timeout or another replica's failure: the VM is not going)")
+
+
+def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> bool:
+    """Under `vertex.launch`, a SIGTERM the launcher did not pass on comes from torchrun stopping
+    the surviving ranks after one failed."""
+    markers = env.get(PREEMPTED_MARKERS_ENV)
+    return bool(markers) and not os.path.exists(os.path.join(markers, LAUNCHER_SIGTERM))
+
+
+def exit_before_training(signum: int, frame=None) -> None:
+    """The entry point's and the launcher's SIGTERM handler until training starts (then
+    `run.sigterm_requests`, or the launcher passing it on to torchrun, takes over). Without it the
+    imports and loading (seconds to minutes) die by the signal or, as a container's PID 1, ignore
+    it until SIGKILL. Nothing is lost yet: exit at once, with the code a stopped run gives."""
+    code, why = stopped_code()
+    os.write(2, f"SIGTERM before training started: exiting {code}{why}\n".encode())
+    os._exit(code)

@@ -30,10 +30,9 @@ from nli_helpers.config import NLIError
 from .environment import (
     CLUSTER_SPEC_ENV,
     LAUNCHER_SIGTERM,
-    PERMANENT_STOP_EXIT_CODE,
     PREEMPTED_MARKERS_ENV,
-    RESTARTABLE_EXIT_CODE,
-    host_is_going,
+    exit_before_training,
+    stopped_code,
 )
 
 ENTRY_MODULE = "nli_helpers.vertex.entry"  # what torchrun starts on every process
@@ -159,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 def check_image_nccl_plugin() -> int:
     """The image build's check: this torch's NCCL is in the table, and loads the plugin."""
     nccl = image_nccl_version()
-    oldest = ".".join(map(str, NCCL_NET_PLUGIN_VERSIONS[-1][0]))
-    problem = nccl_plugin_problem(nccl) if nccl >= NCCL_NET_PLUGIN_VERSIONS[-1][0] else (
-        f"this torch's NCCL ({'.'.join(map(str, nccl)) or 'none'}) is older than {oldest}, "
-        "whose plugin versions the check knows")
+    problem = nccl_plugin_problem(nccl)
     if problem:
         raise NLIError(f"the Reduction Server's NCCL plugin would not load: {problem}")
     print(f"NCCL {'.'.join(map(str, nccl))} loads the Reduction Server's network plugin")
@@ -196,16 +192,20 @@ def nccl_plugin_problem(nccl: tuple[int, ...], name: str = "nccl-net") -> str | 
     finds it (ctypes.util.find_library follows it); it then takes the newest symbol it supports,
     and without one falls back to its own transport ("External network plugin ... is
     unsupported", 2.28.3 on)."""
+    versions = next((v for since, v in NCCL_NET_PLUGIN_VERSIONS if tuple(nccl) >= since), None)
+    if versions is None:
+        oldest = ".".join(map(str, NCCL_NET_PLUGIN_VERSIONS[-1][0]))
+        return (f"this torch's NCCL ({'.'.join(map(str, nccl)) or 'none'}) is older than {oldest}, "
+                "whose plugin versions the check knows")
     library = ctypes.util.find_library(name)
     if library is None:
         return f"there is no lib{name}.so here"
-    versions = next((v for since, v in NCCL_NET_PLUGIN_VERSIONS if tuple(nccl) >= since), None)
     try:
         loaded = ctypes.CDLL(library)
-        exported = [v for v in versions or () if hasattr(loaded, f"ncclNetPlugin_v{v}")]
+        exported = [v for v in versions if hasattr(loaded, f"ncclNetPlugin_v{v}")]
     except OSError as e:
         return f"{library} does not load ({e})"
-    if versions and not exported:
+    if not exported:
         return (f"{library} exports none of the ncclNetPlugin_v{versions[0]}..v{versions[-1]} "
                 f"symbols that NCCL {'.'.join(map(str, nccl))} loads")
     return None
@@ -269,25 +269,11 @@ def run_torchrun(command: list[str]) -> int:
     finally:
         shutil.rmtree(markers, ignore_errors=True)
     if signalled and code != 0:  # torchrun itself exits 1, whatever its trainers did
-        restart = host_is_going()
-        code = RESTARTABLE_EXIT_CODE if restart else PERMANENT_STOP_EXIT_CODE
-        print(f"[launch] stopped by a signal: exiting {code}, " + (
-            "an exit code Vertex AI retries (Compute Engine is preempting or maintaining this VM); "
-            "the restarted job resumes from the newest checkpoint" if restart else
-            "an exit Vertex AI does not retry (a cancel or the job's timeout: the VM is not "
-            "going)"), file=sys.stderr, flush=True)
+        code, why = stopped_code()
+        print(f"[launch] stopped by a signal: exiting {code}{why}", file=sys.stderr, flush=True)
     return code
 
 
-def exit_before_torchrun(signum: int, frame=None) -> None:
-    """The launcher's SIGTERM handler until torchrun starts. As a container's PID 1 it would
-    ignore the signal until SIGKILL while torch loads; nothing is lost yet, so it exits at once,
-    with the code a stopped run gives."""
-    code = RESTARTABLE_EXIT_CODE if host_is_going() else PERMANENT_STOP_EXIT_CODE
-    os.write(2, f"[launch] SIGTERM before torchrun started: exiting {code}\n".encode())
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, exit_before_torchrun)  # run_torchrun passes later ones on
+    signal.signal(signal.SIGTERM, exit_before_training)  # run_torchrun passes later ones on
     sys.exit(main())
