@@ -46,9 +46,9 @@ PROFILES = ("smoke", "full")
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL2ID = {name: i for i, name in enumerate(LABELS)}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# TrainingArguments' --log_level: its documented choices and default, passive (transformers 5.23,
-# training_args.py:1039-1044, the choices from :64 `trainer_log_levels = dict(**log_levels,
-# passive=-1)`; its undocumented "detail" is debug there).
+# TrainingArguments' --log_level: its documented choices and default, passive (transformers 5.23's
+# `log_level` field, whose choices are `trainer_log_levels = dict(**log_levels, passive=-1)`; its
+# undocumented "detail" is debug there).
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 # The one decision of what --log_level does to our own output: these levels also quiet the
 # start-up lines (the notes on smoke's data, config:, data:, model:, batch:, resuming); the

@@ -3,7 +3,7 @@
 
     >>> splits = load_nli_splits("dev_matched.jsonl")  # or "sample", a folder, gs://, a hub name
     >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)  # truncated, not padded
-    >>> loader = train_loader(tokenized["train"], tokenizer, batch_size=32, seed=42)
+    >>> loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device)  # step.py
 
 Splits: `train`, `validation_matched` (held out by premise when the source has none) and maybe
 `validation_mismatched`, with `premise`, `hypothesis`, `label` (0 entailment, 1 neutral,

@@ -59,7 +59,7 @@ def optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float,
     return lr
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     """AdamW, decaying matrices only (`decay_groups`), fused: one pass over weights, gradients and
     both moments (CUDA, and the CPU since torch 2.4; the weights stay fp32 under autocast)."""
     return torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.learning_rate,

@@ -92,7 +92,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                           f"pairs, per_device_train_batch_size={cfg.per_device_train_batch_size}):"
                           " lower gradient_accumulation_steps, or use more data")
     total_steps = max(1, math.ceil(cfg.num_train_epochs * (len(loader) // accum)))
-    optimizer = step.build_optimizer(model, cfg, device)
+    optimizer = step.build_optimizer(model, cfg)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps),
                                                 total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -109,7 +109,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
 
     def evaluate_now() -> None:
         scores = {name: score_split(model, split, tokenizer, device, precision,
-                                    cfg.per_device_eval_batch_size, info)[0]
+                                    cfg.per_device_eval_batch_size, info)
                   for name, split in evals.items()}
         state.eval_history.append({"step": state.step, "epoch": state.epoch, **scores})
         log.evaluated(state, len(loader), scores)
@@ -201,11 +201,10 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
 # -- evaluation and scores ------------------------------------------------------------------------
 @torch.inference_mode()
 def score_split(model, dataset, tokenizer, device: torch.device, precision: str = "fp32",
-                batch_size: int = 128, info: dist.DistInfo = dist.SINGLE_PROCESS
-                ) -> tuple[dict, np.ndarray]:
-    """Scores on a tokenised split, and the predicted label ids in the split's order. Batches go in
-    length order (less padding) and predictions back in place; under DDP each rank predicts an
-    interleaved share and the shares are gathered, so every example counts exactly once."""
+                batch_size: int = 128, info: dist.DistInfo = dist.SINGLE_PROCESS) -> dict:
+    """Scores on a tokenised split. Batches go in length order (less padding) and predictions back
+    in place; under DDP each rank predicts an interleaved share and the shares are gathered, so
+    every example counts exactly once."""
     was_training = model.training
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
@@ -224,7 +223,7 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     assert (preds >= 0).all(), "every example is predicted exactly once"
     genres = dataset["genre"] if "genre" in dataset.column_names else None
     model.train(was_training)
-    return classification_scores(np.asarray(dataset["label"]), preds, genres), preds
+    return classification_scores(np.asarray(dataset["label"]), preds, genres)
 
 
 def classification_scores(labels: Sequence[int], preds: Sequence[int],

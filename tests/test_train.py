@@ -215,7 +215,7 @@ def test_weight_decay_goes_by_shape_not_name():
 
     model = NormedNet()
     cfg = make_config("smoke", weight_decay=0.1)
-    decay, no_decay = build_optimizer(model, cfg, torch.device("cpu")).param_groups
+    decay, no_decay = build_optimizer(model, cfg).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
