@@ -42,7 +42,8 @@ REAL_CALLS = {
                         ".convert_ids_to_tokens(", "token_type_ids"],
     "02_finetune_local": ["AutoModelForSequenceClassification.from_pretrained(", "torch.optim.AdamW(",
                           "get_linear_schedule_with_warmup(", ".backward()", "clip_grad_norm_(",
-                          "torch.autocast(", "optimizer.step()", "train??", "ConfusionMatrixDisplay(",
+                          "torch.autocast(", "optimizer.step()", "inspect.getsource(train)",
+                          "ConfusionMatrixDisplay(",
                           "TrainingArguments(", "Trainer(", "trainer.train()"],
     "03_package_trainer": ["docker build", "gcloud builds submit", "docker run"],
     "04_submit_vertex": ["aiplatform.init(", "worker_pool_specs", "aiplatform.CustomJob(", ".submit(",
@@ -313,3 +314,35 @@ def test_every_job_the_notebooks_submit_runs_as_the_service_account_parameter():
         for call in calls:
             keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
             assert keywords.get("service_account") == "service_account", (name, ast.unparse(call))
+
+
+@pytest.mark.parametrize("params_file", PARAM_FILES, ids=[p.stem for p in PARAM_FILES])
+def test_make_demo_gives_each_notebook_only_the_parameters_it_declares(params_file):
+    sys.path.insert(0, str(NOTEBOOK_DIR / "params"))
+    from declared import declared  # notebooks/params/declared.py, which make demo runs
+
+    given = {path.stem: declared(path, [params_file]) for path in NOTEBOOKS}
+    for path in NOTEBOOKS:
+        assert set(given[path.stem]) <= set(parameters(path)), path.name
+    names = set(yaml.safe_load(params_file.read_text()))
+    assert names == set().union(*given.values()), f"{params_file.name}: a name no notebook declares"
+
+
+def test_the_executed_notebook_check_finds_ansi_raw_floats_and_undeclared_parameters(tmp_path):
+    from tests.executed_notebooks import findings
+
+    def cell(source, tags=(), outputs=()):
+        return {"cell_type": "code", "source": source, "metadata": {"tags": list(tags)}, "outputs": list(outputs)}
+
+    clean = [cell("profile = 'smoke'\nseed = 42", ["parameters"]), cell("seed = 0", ["injected-parameters"]),
+             cell("print(1 / 3)", outputs=[{"output_type": "stream", "text": ["accuracy 0.333 on 39 pairs\n"]}])]
+    (tmp_path / "clean.ipynb").write_text(json.dumps({"cells": clean}))
+    assert findings(tmp_path / "clean.ipynb") == []
+    noisy = [cell("profile = 'smoke'", ["parameters"]), cell("poll_s = 2.0", ["injected-parameters"]),
+             cell("x", outputs=[{"output_type": "execute_result", "data": {"text/plain": "0.3333333333333333"}}]),
+             cell("y", outputs=[{"output_type": "stream", "text": "[transformers] \x1b[1mLOAD REPORT\x1b[0m"}])]
+    (tmp_path / "noisy.ipynb").write_text(json.dumps({"cells": noisy}))
+    found = findings(tmp_path / "noisy.ipynb")
+    assert found[0] == "noisy.ipynb: papermill injected poll_s, which its parameters cell does not declare"
+    assert "cell 2: a raw float 0.3333333333333333" in found[1] and "cell 3: an ANSI escape" in found[2]
+
