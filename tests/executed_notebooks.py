@@ -4,7 +4,8 @@
 
 - an ANSI escape: a library's coloured table or a traceback's colours, which JupyterLab renders but a saved or
   printed notebook shows as noise;
-- a raw float, ten or more decimals (`0.3333333333333333`): a number printed unformatted;
+- a raw float, ten or more decimals (`0.3333333333333333`): a number printed unformatted (not one quoted in a line
+  a library wrote);
 - a parameter papermill injected that the notebook's parameters cell does not declare.
 """
 
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[")
-RAW_FLOAT = re.compile(r"(?<![\w.])\d+\.\d{10,}(?![\w.])")
+# A float printed as Python's repr; one inside quotes is a string some file holds (hypertune's JSON line, shown as is).
+RAW_FLOAT = re.compile(r"(?<![\w.\"'])\d+\.\d{10,}(?![\w.])")
 
 
 def output_texts(cell: dict) -> list[str]:
@@ -31,9 +33,11 @@ def output_texts(cell: dict) -> list[str]:
 
 
 def assigned(cell: dict) -> set[str]:
+    """The names a cell assigns: `seed = 42` (papermill's injected cell), `seed: int = 42` (a parameters cell)."""
     tree = ast.parse("".join(cell["source"]))
-    return {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
-            if isinstance(target, ast.Name)}
+    targets = [t for node in tree.body if isinstance(node, ast.Assign) for t in node.targets]
+    targets += [node.target for node in tree.body if isinstance(node, ast.AnnAssign)]
+    return {target.id for target in targets if isinstance(target, ast.Name)}
 
 
 def findings(path: Path) -> list[str]:

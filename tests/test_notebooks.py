@@ -334,7 +334,7 @@ def test_the_executed_notebook_check_finds_ansi_raw_floats_and_undeclared_parame
     def cell(source, tags=(), outputs=()):
         return {"cell_type": "code", "source": source, "metadata": {"tags": list(tags)}, "outputs": list(outputs)}
 
-    clean = [cell("profile = 'smoke'\nseed = 42", ["parameters"]), cell("seed = 0", ["injected-parameters"]),
+    clean = [cell("profile: str = 'smoke'\nseed: int = 42", ["parameters"]), cell("seed = 0", ["injected-parameters"]),
              cell("print(1 / 3)", outputs=[{"output_type": "stream", "text": ["accuracy 0.333 on 39 pairs\n"]}])]
     (tmp_path / "clean.ipynb").write_text(json.dumps({"cells": clean}))
     assert findings(tmp_path / "clean.ipynb") == []
