@@ -116,8 +116,9 @@ def stage_data(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfig
         local = Path(folder) / cfg.data.replace("/", "--")
         local.mkdir(parents=True, exist_ok=True)
         splits = data.load_nli_splits(cfg.data, eval_fraction=cfg.eval_fraction, seed=cfg.seed)
-        for name, pairs in splits.items():
-            pairs.to_json(local / f"{name}.jsonl", force_ascii=False)
+        for name, pairs in splits.items():  # through pandas: datasets' to_json draws a bar a split
+            pairs.to_pandas().to_json(local / f"{name}.jsonl", orient="records", lines=True,
+                                      force_ascii=False)
     return _upload(cfg, "data", local, f"{bucket.rstrip('/')}/data/{local.name}")
 
 
