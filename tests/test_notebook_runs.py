@@ -46,7 +46,9 @@ def test_latest_run_is_the_newest_finished_one(tmp_path, monkeypatch):
 def test_make_demo_runs_each_notebook_with_papermills_cli(tmp_path):
     """The Makefile's demo recipe is papermill's CLI per notebook; a failing notebook stops it non-zero."""
     recipe = (ROOT / "Makefile").read_text()
-    assert re.search(r"papermill .*--cwd notebooks .*\$\(PARAMS:%=-f %\)", recipe)  # -f per file, later wins
+    # the files merged as papermill's -f would (later wins), each notebook given the names it declares
+    assert re.search(r"notebooks/params/declared\.py \"\$\$nb\" \$\(PARAMS\) > \"\$\$params\"", recipe)
+    assert re.search(r"papermill .*--cwd notebooks -f \"\$\$params\"", recipe)
     assert re.search(r"^PARAMS \?= notebooks/params/smoke\.yaml$", recipe, re.M)  # make demo PARAMS=... for another
     nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                "language": "python"}})
