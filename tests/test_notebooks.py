@@ -217,6 +217,19 @@ def test_notebooks_markdown_within_the_total_budget():
     assert total <= MAX_WORDS, f"the notebooks hold {total} words of markdown (at most {MAX_WORDS})"
 
 
+# A run's length or rate written in prose is true for one profile and false on the other (issue 48: "two epochs at
+# 2e-4" above a config of six): the notebook prints it from the config instead. "every N steps" is an instruction.
+RECIPE_IN_PROSE = re.compile(r"\b(?<!every )(?:\d[\d,]*|two|three|four|five|six)\s+(?:epochs|steps)\b"
+                             r"|\bat \d(?:\.\d+)?e-\d\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_prose_states_no_run_length_or_rate_the_config_prints(path):
+    for cell in read(path).cells:
+        if cell.cell_type == "markdown" and (found := RECIPE_IN_PROSE.search(cell.source)):
+            raise AssertionError(f"{path.name} cell {cell.id} says {found.group(0)!r}: print it from the config")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_committed_stripped_with_assert_cells(path):
     nb = read(path)
