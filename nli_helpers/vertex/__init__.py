@@ -17,7 +17,8 @@ processes. `Machine(..., replica_count=N)` gives a chief and N-1 workers;
 `reduction_server=ReductionServer(K)` adds Google's reducers. Vertex gives the job AIP_MODEL_DIR,
 AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under base_output_dir. No prebuilt PyTorch image
 can run this package (`prebuilt_image_problem`, which preflight gives for one), so a job always
-runs the trainer image.
+runs the trainer image. The same image serves a trained model folder: `python -m
+nli_helpers.vertex.serve`, the HTTP server of Vertex AI's custom-container contract (`serve`).
 """
 
 import importlib
