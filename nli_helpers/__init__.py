@@ -23,7 +23,15 @@ Heavy libraries (torch, transformers) load when you import those modules, not he
 
 import os
 
-from .config import ConfigError, NLIError, TrainConfig, __version__, cache_dir, make_config
+from .config import (
+    ConfigError,
+    NLIError,
+    TrainConfig,
+    __version__,
+    cache_dir,
+    lazy_attributes,
+    make_config,
+)
 
 # torch makes torch.compile's kernel cache folder when dynamo is imported (transformers imports
 # it to load a model), by default an empty torchinductor_<user> in TMPDIR after every run. Here it
@@ -34,13 +42,6 @@ __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config
            "predict", "load_nli_splits"]
 
 
-_LAZY = {"run_training": "run", "predict": "notebook_runs", "load_nli_splits": "data"}
-
-
-def __getattr__(name: str):
-    # Lazy, so `import nli_helpers` (and `--help`) stays fast.
-    if name not in _LAZY:
-        raise AttributeError(f"module 'nli_helpers' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+# Lazy, so that `import nli_helpers` (and `--help`) stays fast.
+__getattr__ = lazy_attributes(__name__, {"run_training": ".run", "predict": ".notebook_runs",
+                                         "load_nli_splits": ".data"})

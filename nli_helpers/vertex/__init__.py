@@ -21,7 +21,7 @@ runs the trainer image. The same image serves a trained model folder: `python -m
 nli_helpers.vertex.serve`, the HTTP server of Vertex AI's custom-container contract (`serve`).
 """
 
-import importlib
+from nli_helpers.config import lazy_attributes
 
 # Names load on first use (PEP 562): the trainer image runs `python -m nli_helpers.vertex.entry`,
 # which needs none of the submission side (google-cloud-aiplatform) that these modules import.
@@ -46,11 +46,4 @@ _WHERE = {name: module for module, names in _MODULES.items() for name in names.s
 # What the notebooks, README, docs, localcloud and tests call; the rest stays in its module.
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _WHERE[name]
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _WHERE)
