@@ -92,10 +92,12 @@ def make_server(model_dir: str, port: int, health_route: str, predict_route: str
                 return self.reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
             length = int(self.headers.get("Content-Length") or 0)
             try:
-                check_size(length)  # before reading it
+                if length > 10 * MAX_REQUEST_BYTES:  # refused unread: reply, then close
+                    self.close_connection = True
+                    check_size(length)
+                # read first, even a body to refuse: a client still sending it gets the 413
                 pairs = parse_instances(self.rfile.read(length))
             except BadRequest as e:
-                self.close_connection = True  # an unread body must not be taken for a request
                 return self.reply(e.status, {"error": str(e)})
             with one_at_a_time:
                 rows = predict(pairs, model=model, tokenizer=tokenizer)
