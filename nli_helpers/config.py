@@ -226,9 +226,10 @@ def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int
     """Field defaults, then the profile's, then the `overrides` that are not None; `verbose`
     prints the result's summary (a `log_level` in QUIET_LOG_LEVELS quiets it and the note on
     smoke's data). On `smoke` the data defaults to $NLI_REAL_DATA, else mnli-subset where this
-    machine has MultiNLI, else the sample; `smoke_cap` caps the training and validation pairs
-    that `overrides` leave unset (with the short-run recipe on real pairs). A misspelt field is
-    TrainConfig's TypeError, which names it."""
+    machine has MultiNLI, else the sample; `smoke_cap` makes a short run of what `overrides`
+    leave unset: it caps the training and validation pairs, keeps no checkpoints, and on real
+    pairs takes the short-run recipe. A misspelt field is TrainConfig's TypeError, which names
+    it."""
     given = {k: v for k, v in overrides.items() if v is not None}
     quiet = given.get("log_level") in QUIET_LOG_LEVELS
     values = dict(PROFILE_DEFAULTS.get(profile, {}))  # an unknown profile: TrainConfig says so
@@ -239,6 +240,7 @@ def make_config(profile: str = "smoke", verbose: bool = False, *, smoke_cap: int
         values.update(PROFILE_DEFAULTS["smoke_real_data"] if real else {})
         if smoke_cap is not None:
             values.update(max_train_samples=smoke_cap, max_eval_samples=smoke_cap,
+                          save_total_limit=0,
                           **(PROFILE_DEFAULTS["smoke_capped"] if real else {}))
     cfg = TrainConfig(**{**values, **given, "profile": profile})
     if verbose and not quiet:

@@ -162,12 +162,15 @@ def test_int_flags_refuse_what_is_not_a_whole_number(value, capsys):
 def test_smoke_cap_caps_only_what_is_unset_and_only_on_smoke(monkeypatch):
     monkeypatch.delenv("NLI_REAL_DATA", raising=False)
     capped = make_config("smoke", smoke_cap=500)
-    assert (capped.max_train_samples, capped.max_eval_samples) == (500, 500)
-    mine = make_config("smoke", smoke_cap=500, max_train_samples=64)
-    assert (mine.max_train_samples, mine.max_eval_samples) == (64, 500)
+    # a short run keeps no checkpoints unless asked: only notebook 04's single job shows them
+    assert (capped.max_train_samples, capped.max_eval_samples, capped.save_total_limit) == (500, 500, 0)
+    mine = make_config("smoke", smoke_cap=500, max_train_samples=64, save_total_limit=1)
+    assert (mine.max_train_samples, mine.max_eval_samples, mine.save_total_limit) == (64, 500, 1)
     assert make_config("smoke").max_train_samples is None
+    assert make_config("smoke").save_total_limit == TrainConfig.save_total_limit
     full = make_config("full", smoke_cap=500)
     assert (full.max_train_samples, full.max_eval_samples) == (None, None)
+    assert full.save_total_limit == TrainConfig.save_total_limit
 
 
 def test_a_capped_smoke_run_on_real_pairs_takes_the_short_run_recipe():
