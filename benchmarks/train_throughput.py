@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
             args.data = str(mnli.find_dev_matched().path)
         except mnli.NotFound as e:
             raise SystemExit(f"{e}; {mnli.WHAT_TO_DO}, or pass --data sample") from None
-    if args.data != "sample" and not Path(args.data).is_file():
-        raise SystemExit(f"data file {args.data} does not exist; set NLI_REAL_DATA or pass --data "
+    if args.data != "sample" and not Path(args.data).exists():  # a file, or a folder of split files
+        raise SystemExit(f"data {args.data} does not exist; set NLI_REAL_DATA or pass --data "
                          "(see ../shared/data/README.md), or --data sample")
     from nli_helpers.model import resolve_model_path
 
