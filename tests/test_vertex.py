@@ -263,6 +263,29 @@ def test_a_hub_name_in_a_job_is_refused_unless_the_job_has_internet_access(gcs_b
         vertex.stage_model(cfg, f"gs://{gcs_bucket}", tmp_path)
 
 
+def test_a_model_folder_without_weights_or_tokenizer_is_refused_before_upload(gcs_bucket, tmp_path):
+    """What a job or an endpoint would fail on at start, minutes and a machine-hour later: one line first."""
+    import shutil
+
+    bucket = f"gs://{gcs_bucket}"
+    vertex.check_model_folder(tiny_model())  # config, safetensors weights and a vocabulary: loadable
+    for removed, named in [("model.safetensors", "weights (*.safetensors)"), ("vocab.txt", "tokenizer"),
+                           ("config.json", "config.json")]:
+        folder = tmp_path / f"without-{removed}"
+        shutil.copytree(tiny_model(), folder)
+        for name in [removed, "tokenizer.json"] if removed == "vocab.txt" else [removed]:
+            (folder / name).unlink(missing_ok=True)
+        with pytest.raises(vertex.VertexError, match=rf"is not a model folder a job can load: no {re.escape(named)}"):
+            vertex.stage_model(make_config("smoke", model_name_or_path=str(folder)), bucket, tmp_path)
+        files.put(folder, f"{bucket}/broken/{folder.name}")  # the same answer for a folder already in the bucket
+        with pytest.raises(vertex.VertexError, match=re.escape(named)):
+            vertex.check_model_folder(f"{bucket}/broken/{folder.name}")
+    fs, path = files.filesystem(f"{bucket}/models")
+    assert not fs.exists(path), "a refused folder was uploaded"
+    with pytest.raises(vertex.VertexError, match="no config.json, weights"):
+        vertex.check_model_folder(f"{bucket}/nothing-here")
+
+
 def test_a_staged_model_folder_is_what_the_trainer_loads_from_cloud_storage(gcs_bucket, tmp_path, capsys):
     from nli_helpers.model import ModelError, load_model_and_tokenizer
 

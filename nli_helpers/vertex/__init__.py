@@ -36,7 +36,7 @@ _MODULES = {
              "init_vertex logs_url queued_help submit_custom_job watch_job",
     ".pools": "REDUCTION_SERVER_BUCKET_MB REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE "
               "SPOT_CHECKPOINT_EVERY_MINUTES "
-              "Machine ReductionServer container_worker_pools job_args job_config "
+              "Machine ReductionServer check_model_folder container_worker_pools job_args job_config "
               "reduction_server_image spot_worker_pools stage_data stage_model",
     ".pricing": "estimate_cost estimate_job_cost",
     ".checks": "bucket_location_check preflight",  # the module is not named preflight: no clash

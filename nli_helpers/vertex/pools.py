@@ -140,11 +140,36 @@ def stage_model(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfi
             raise VertexError(f"could not download model {name!r} from the Hugging Face hub "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]}): check "
                               "the name and the network, or pass a local model folder") from e
+    check_model_folder(local)
     return _upload(cfg, "model_name_or_path", local, f"{bucket.rstrip('/')}/models/{local.name}")
 
 
 # What a model folder needs (from_pretrained): never pickles (.bin), never other frameworks' copies.
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
+# A tokenizer's vocabulary: the file names of VOCAB_FILES_NAMES in transformers 5's tokenization_*.py
+# (fast tokenizers, BPE, WordPiece, SentencePiece); without one it builds a tokenizer of special
+# tokens only, and every word becomes [UNK].
+VOCAB_FILES = {"tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+               "sentencepiece.model", "tokenizer.model"}
+
+
+def check_model_folder(folder: str | Path) -> None:
+    """A folder (local or gs://) that a job or an endpoint loads with `from_pretrained`: config,
+    safetensors weights and a tokenizer, or one VertexError naming what is missing, before
+    anything is uploaded or registered."""
+    fs, path = files.filesystem(folder)
+    try:
+        names = {Path(entry).name for entry in fs.ls(path, detail=False)}
+    except FileNotFoundError:
+        names = set()
+    missing = [what for what, found in (
+        ("config.json", "config.json" in names),
+        ("weights (*.safetensors)", any(name.endswith(".safetensors") for name in names)),
+        ("tokenizer (tokenizer.json, vocab.txt, ...)", bool(names & VOCAB_FILES))) if not found]
+    if missing:
+        raise VertexError(f"{folder} is not a model folder a job can load: no {', '.join(missing)}. "
+                          "Pass a run's folder, or one written by model.save_pretrained(folder) "
+                          "and tokenizer.save_pretrained(folder)")
 
 
 def _upload(cfg: TrainConfig, field: str, local: Path, uri: str) -> TrainConfig:
