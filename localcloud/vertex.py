@@ -8,7 +8,7 @@ The real google-cloud-aiplatform SDK talks to it over HTTP on a free loopback po
                     staging_bucket="gs://bucket", credentials=AnonymousCredentials())
 
 It serves create / get / list / cancel of `projects/*/locations/*/customJobs` (and of `hyperparameterTuningJobs`,
-whose trials run as child custom jobs: localcloud/tuning.py), parses every request body into the SDK's own
+whose trials run as child custom jobs: localcloud/tuning.py; models and endpoints: localcloud/serving.py), parses every request body into the SDK's own
 `aiplatform_v1.CustomJob` proto (so a field Vertex would not know is a 400, as on Vertex), and records every
 request (`fake.requests`; unknown routes in `fake.unknown_requests`) for assertions. Enums arrive as integers and
 int64 as strings (the SDK asks for `$alt=json;enum-encoding=int`).
@@ -47,11 +47,13 @@ from google.protobuf import json_format
 
 from localcloud import rules
 from localcloud.replica import Replica, free_port
+from localcloud.serving import handle_serving, stop_all
 from localcloud.tuning import handle_tuning
 
 JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
+_SERVING = re.compile(r"^/v1/projects/[^/]+/locations/[^/]+/(models|endpoints|operations)\b")
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data, the hub's
 # stand-in (localcloud/hub.py).
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME", "HF_ENDPOINT")
@@ -131,6 +133,7 @@ class FakeVertex:
             job.cancel_requested.set()
             for replica in job.replicas.values():
                 replica.kill_all()
+        stop_all(self)
         with self.quota.changed:
             self.quota.changed.notify_all()
         self._server.shutdown()
@@ -141,6 +144,8 @@ class FakeVertex:
         self.requests.append(Request(method, path, query, body))
         if "/hyperparameterTuningJobs" in path:  # served (and trials run) by localcloud/tuning.py
             return handle_tuning(self, method, path, query, body)
+        if _SERVING.match(path):  # the Model Registry and endpoints: localcloud/serving.py
+            return handle_serving(self, method, path, query, body)
         collection, job = _COLLECTION.match(path), _JOB.match(path)
         if collection and method == "POST":
             return self._create(collection.group(1), body or {})

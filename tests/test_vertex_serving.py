@@ -1,0 +1,88 @@
+"""Serving through the real aiplatform SDK against the fake's Model Registry and endpoints (localcloud/serving.py).
+
+A Model is registered from a model folder in the Cloud Storage emulator, deployed to an endpoint whose container is
+the trainer image's stand-in running `python -m nli_helpers.vertex.serve`, and asked for predictions, which must
+equal transformers' `pipeline` on the same folder. Refusals follow the API: a deployed model is not deleted, nor an
+endpoint with deployed models, and `Endpoint.delete(force=True)` undeploys first.
+"""
+
+from __future__ import annotations
+
+import pytest
+from google.api_core import exceptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import aiplatform
+
+from nli_helpers import files
+from tests.tiny_model import tiny_model
+
+pytest_plugins = ["tests.fake_vertex"]
+
+REGION = "us-central1"
+SERVE = ["python", "-m", "nli_helpers.vertex.serve"]
+PAIRS = [("A man is playing a guitar on stage.", "A man is performing music."),
+         ("A man is playing a guitar on stage.", "Nobody is playing an instrument."),
+         ("The museum opens at nine every morning.", "The museum is popular with tourists.")]
+
+
+def _init(fake, bucket: str) -> None:
+    aiplatform.init(project="serving-test", location=REGION, staging_bucket=f"gs://{bucket}",
+                    api_endpoint=fake.endpoint, api_transport="rest", credentials=AnonymousCredentials())
+
+
+def _upload(bucket: str, image: str, **kwargs) -> aiplatform.Model:
+    artifact = f"gs://{bucket}/models/tiny"
+    files.put(tiny_model(), artifact)
+    return aiplatform.Model.upload(display_name="nli-tiny", artifact_uri=artifact, serving_container_image_uri=image,
+                                   serving_container_command=SERVE, serving_container_predict_route="/predict",
+                                   serving_container_health_route="/health", labels={"tutorial": "nli"}, **kwargs)
+
+
+def test_the_registry_and_endpoints_answer_as_the_rest_api_shapes_them(fake_vertex, gcs_bucket):
+    _init(fake_vertex, gcs_bucket)
+    model = _upload(gcs_bucket, "us-central1-docker.pkg.dev/p/nli/trainer:0.1.0")
+    assert model.resource_name.startswith(f"projects/serving-test/locations/{REGION}/models/")
+    assert model.labels == {"tutorial": "nli"} and model.uri == f"gs://{gcs_bucket}/models/tiny"
+    body = next(r.body for r in fake_vertex.requests if r.path.endswith("models:upload"))
+    assert body["model"]["containerSpec"]["command"] == SERVE  # the SDK's own request, parsed by the fake
+    endpoint = aiplatform.Endpoint.create(display_name="nli-endpoint", labels={"tutorial": "nli"})
+    other = aiplatform.Endpoint.create(display_name="someone-else")
+    assert [e.resource_name for e in aiplatform.Endpoint.list(filter='labels.tutorial="nli"')] == [endpoint.resource_name]
+    assert {m.resource_name for m in aiplatform.Model.list()} == {model.resource_name}
+    with pytest.raises(exceptions.BadRequest, match="cannot pull image"):  # nothing was pushed under that name
+        model.deploy(endpoint=endpoint, machine_type="n1-standard-2")
+    for resource in (endpoint, other, model):
+        resource.delete()
+    assert not aiplatform.Endpoint.list() and not aiplatform.Model.list()
+    assert not fake_vertex.unknown_requests
+
+
+def test_an_endpoint_predicts_what_the_local_pipeline_predicts(fake_vertex_runner, gcs_bucket, trainer_image_python):
+    from transformers import pipeline
+
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    _init(fake_vertex_runner, gcs_bucket)
+    model = _upload(gcs_bucket, TRAINER_IMAGE)
+    endpoint = model.deploy(machine_type="n1-standard-2")  # creates the endpoint, starts the container
+    try:
+        (deployed,) = endpoint.list_models()
+        prediction = endpoint.predict(instances=[{"premise": p, "hypothesis": h} for p, h in PAIRS])
+        assert prediction.deployed_model_id == deployed.id
+        local = pipeline("text-classification", model=tiny_model(), device="cpu")
+        expected = local([{"text": p, "text_pair": h} for p, h in PAIRS])
+        assert [row["label"] for row in prediction.predictions] == [row["label"] for row in expected]
+        for row, top in zip(prediction.predictions, expected):
+            assert row["probs"][top["label"]] == pytest.approx(top["score"], abs=1e-4)
+        with pytest.raises(exceptions.BadRequest, match="hypothesis"):  # the container's one line, passed on
+            endpoint.predict(instances=[{"premise": "only a premise"}])
+        # FAILED_PRECONDITION, which REST answers with HTTP 400: the SDK raises BadRequest
+        with pytest.raises(exceptions.BadRequest, match="is deployed on"):
+            model.delete()
+        with pytest.raises(exceptions.BadRequest, match="has deployed models"):
+            endpoint.delete()
+    finally:
+        endpoint.delete(force=True)  # undeploys first, as the SDK documents
+    assert not fake_vertex_runner.serving.served, "a serving container is still running"
+    model.delete()
+    assert not aiplatform.Model.list()
