@@ -1,6 +1,8 @@
-"""The fake's serving surface: the Model Registry and online endpoints, as the Vertex AI REST API shapes them.
+"""The fake's serving surface: the Model Registry, online endpoints and batch prediction, as the Vertex AI REST API
+shapes them.
 
-FakeVertex (localcloud/vertex.py) routes every `models`, `endpoints` and `operations` path of a location here:
+FakeVertex (localcloud/vertex.py) routes every `models`, `endpoints`, `batchPredictionJobs` and `operations` path
+of a location here:
 
     POST   .../models:upload                 UploadModelRequest -> Operation (UploadModelResponse)
     GET    .../models, .../models/M           ListModelsResponse, Model
@@ -11,6 +13,8 @@ FakeVertex (localcloud/vertex.py) routes every `models`, `endpoints` and `operat
     POST   .../endpoints/E:undeployModel      UndeployModelRequest -> Operation (UndeployModelResponse)
     POST   .../endpoints/E:predict            {"instances", "parameters"} -> PredictResponse
     DELETE .../endpoints/E                    Operation; refused while models are deployed on it
+    POST   .../batchPredictionJobs            BatchPredictionJob, run in the background (_run_batch)
+    GET    .../batchPredictionJobs[/J], POST .../J:cancel, DELETE .../J
 
 Each body is parsed into the SDK's own `aiplatform_v1` proto, so a field Vertex would not know is a 400, and every
 long-running call answers with a finished `google.longrunning.Operation` whose `response` is the message the REST
@@ -36,6 +40,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -43,8 +48,10 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from google.cloud.aiplatform_v1.types import (
+    BatchPredictionJob,
     DeployModelRequest,
     Endpoint,
+    JobState,
     UndeployModelRequest,
     UploadModelRequest,
 )
@@ -52,7 +59,8 @@ from google.cloud.aiplatform_v1.types import (
 from localcloud import rules
 from localcloud.replica import free_port
 
-_PATH = re.compile(r"^/v1/(?P<parent>projects/[^/]+/locations/[^/]+)/(?P<kind>models|endpoints|operations)"
+_PATH = re.compile(r"^/v1/(?P<parent>projects/[^/]+/locations/[^/]+)/"
+                   r"(?P<kind>models|endpoints|operations|batchPredictionJobs)"
                    r"(?:/(?P<id>[^/:@]+)(?:@[^/:]+)?)?(?::(?P<verb>\w+))?$")
 _TYPE = "type.googleapis.com/google.cloud.aiplatform.v1."
 HEALTH_TIMEOUT_S = 180.0  # the model loads in the container first; Vertex's own startup probe waits longer
@@ -74,7 +82,13 @@ class Registry:
     endpoints: dict[str, dict] = field(default_factory=dict)
     served: dict[str, Served] = field(default_factory=dict)  # deployed model id -> its container
     operations: dict[str, dict] = field(default_factory=dict)
+    batch_jobs: dict[str, dict] = field(default_factory=dict)
+    processes: list[subprocess.Popen] = field(default_factory=list)  # every serving container started
     ids: itertools.count = field(default_factory=lambda: itertools.count(2000))
+
+    def table(self, kind: str) -> dict[str, dict]:
+        return {"models": self.models, "endpoints": self.endpoints, "operations": self.operations,
+                "batchPredictionJobs": self.batch_jobs}[kind]
 
 
 def registry(fake) -> Registry:
@@ -90,7 +104,7 @@ def handle_serving(fake, method: str, path: str, query: dict, body: dict | None)
         return rules.api_error(404, "NOT_FOUND", f"the fake does not serve {method} {path}")
     reg, parent, kind, verb = registry(fake), match["parent"], match["kind"], match["verb"]
     name = f"{parent}/{kind}/{match['id']}" if match["id"] else None
-    table = {"models": reg.models, "endpoints": reg.endpoints, "operations": reg.operations}[kind]
+    table = reg.table(kind)
     try:
         if name is None and method == "GET":
             wanted = _filter(query.get("filter", [""])[0])
@@ -100,10 +114,14 @@ def handle_serving(fake, method: str, path: str, query: dict, body: dict | None)
             return _upload(fake, reg, parent, body or {})
         if kind == "endpoints" and name is None and method == "POST":
             return _create_endpoint(reg, parent, body or {}, query.get("endpoint_id", [None])[0])
+        if kind == "batchPredictionJobs" and name is None and method == "POST":
+            return _create_batch(fake, reg, parent, body or {})
         if name not in table:
             return rules.api_error(404, "NOT_FOUND", f"{name} not found")
         if method == "GET" and not verb:
             return 200, table[name]
+        if kind == "batchPredictionJobs" and verb == "cancel":
+            return _cancel_batch(reg, name)
         if method == "DELETE":
             return _delete(reg, kind, name)
         if kind == "endpoints" and verb == "deployModel":
@@ -182,7 +200,7 @@ def _delete(reg: Registry, kind: str, name: str) -> tuple[int, dict]:
     if kind == "endpoints" and reg.endpoints[name].get("deployedModels"):
         return rules.api_error(400, "FAILED_PRECONDITION", f"{name} has deployed models: undeploy them first "
                                "(Endpoint.delete(force=True) does)")
-    del {"models": reg.models, "endpoints": reg.endpoints, "operations": reg.operations}[kind][name]
+    del reg.table(kind)[name]
     return _operation(reg, parent, "type.googleapis.com/google.protobuf.Empty", {})
 
 
@@ -224,15 +242,87 @@ def _predict(reg: Registry, name: str, body: dict) -> tuple[int, dict]:
         return rules.api_error(400, "FAILED_PRECONDITION", f"{name} has no deployed model to send the request to")
     deployed_id = next(iter(traffic))
     served = reg.served[deployed_id]
+    status, answer = _send(served, body)
+    if status != 200:
+        return status, answer
+    return 200, {**answer, "deployedModelId": deployed_id, "model": served.deployed["model"]}
+
+
+def _send(served: Served, body: dict) -> tuple[int, dict]:
+    """POST `body` to the container's predict route: its answer, or its own status and line as an API error."""
     request = urllib.request.Request(served.url + served.predict_route, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
-            answer = json.loads(reply.read())
-    except urllib.error.HTTPError as err:  # the container's own status and message, as Vertex passes them on
+            return 200, json.loads(reply.read())
+    except urllib.error.HTTPError as err:  # passed on as Vertex passes the container's answer
         message = json.loads(err.read() or b"{}").get("error", err.reason)
         return rules.api_error(err.code, "INVALID_ARGUMENT" if err.code < 500 else "INTERNAL", message)
-    return 200, {**answer, "deployedModelId": deployed_id, "model": served.deployed["model"]}
+
+
+# -- batch prediction ----------------------------------------------------------------------------------------
+def _create_batch(fake, reg: Registry, parent: str, body: dict) -> tuple[int, dict]:
+    job = _parsed(BatchPredictionJob, body)
+    model = reg.models.get(job.model.split("@")[0])
+    if model is None:
+        return rules.api_error(404, "NOT_FOUND", f"{job.model} not found")
+    if job.input_config.instances_format != "jsonl" or job.output_config.predictions_format != "jsonl":
+        raise ValueError("the fake reads and writes jsonl only (instancesFormat, predictionsFormat)")
+    job.name = f"{parent}/batchPredictionJobs/{next(reg.ids)}"
+    job.state, job.create_time, job.update_time = JobState.JOB_STATE_PENDING, rules.now(), rules.now()
+    reg.batch_jobs[job.name] = _json(job)
+    threading.Thread(target=_run_batch, args=(fake, reg, job, model), daemon=True).start()
+    return 200, reg.batch_jobs[job.name]
+
+
+def _run_batch(fake, reg: Registry, job: BatchPredictionJob, model: dict) -> None:
+    """Serve the model as a deploy would, send it the instances in requests of the job's batch size (default 64),
+    and write each line {"instance", "prediction"} to `prediction.results-00000-of-00001` in
+    `prediction-<model-display-name>-<job-create-time>/` (the get-batch-predictions page's names). Not Vertex's: a
+    request the container refuses fails the job with the container's line, where Vertex writes error files."""
+    from nli_helpers import files
+
+    record = reg.batch_jobs[job.name]
+    record.update(state="JOB_STATE_RUNNING", startTime=_stamp())
+    served = _start(fake, model, job.name, job.name.rsplit("/", 1)[-1])
+    try:
+        if isinstance(served, str):
+            raise RuntimeError(served)
+        instances = []
+        for uri in job.input_config.gcs_source.uris:
+            fs, path = files.filesystem(uri)
+            instances += [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
+        size = job.manual_batch_tuning_parameters.batch_size or 64
+        lines = []
+        for start in range(0, len(instances), size):
+            chunk = instances[start:start + size]
+            status, answer = _send(served, {"instances": chunk})
+            if status != 200:
+                raise RuntimeError(f"the container answered {status} to instances {start}-{start + len(chunk) - 1}: "
+                                   f"{answer['error']['message']}")
+            lines += [json.dumps({"instance": i, "prediction": p}) for i, p in zip(chunk, answer["predictions"])]
+        created = job.create_time.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"  # YYYY-MM-DDThh:mm:ss.sssZ
+        out = f"{job.output_config.gcs_destination.output_uri_prefix.rstrip('/')}/prediction-" \
+              f"{model['displayName']}-{created}"
+        fs, path = files.filesystem(out)
+        fs.pipe_file(files.join(path, "prediction.results-00000-of-00001"), "\n".join(lines).encode() + b"\n")
+        record.update(outputInfo={"gcsOutputDirectory": out}, state="JOB_STATE_SUCCEEDED",
+                      completionStats={"successfulCount": str(len(lines))})
+    except Exception as err:  # noqa: BLE001 - whatever breaks, the job ends FAILED with the reason
+        record.update(state="JOB_STATE_FAILED", error={"code": 3, "message": str(err)})
+    finally:
+        if not isinstance(served, str):
+            stop(served)
+        record.update(endTime=_stamp(), updateTime=_stamp())
+
+
+def _cancel_batch(reg: Registry, name: str) -> tuple[int, dict]:
+    reg.batch_jobs[name].update(state="JOB_STATE_CANCELLED", endTime=_stamp())
+    return 200, {}
+
+
+def _stamp() -> str:
+    return rules.now().strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 # -- the serving container ------------------------------------------------------------------------------------
@@ -258,6 +348,7 @@ def _start(fake, model: dict, endpoint: str, deployed_id: str) -> Served | str:
     log = tempfile.NamedTemporaryFile("w+", prefix="fake-vertex-serve-", suffix=".log", delete=False)
     process = subprocess.Popen([str(fake.images[spec["imageUri"]]), *command[1:]], env=env, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
+    registry(fake).processes.append(process)
     served = Served({}, process, f"http://127.0.0.1:{port}", predict, log.name)
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -53,7 +53,7 @@ from localcloud.tuning import handle_tuning
 JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
-_SERVING = re.compile(r"^/v1/projects/[^/]+/locations/[^/]+/(models|endpoints|operations)\b")
+_SERVING = re.compile(r"^/v1/projects/[^/]+/locations/[^/]+/(models|endpoints|operations|batchPredictionJobs)\b")
 # Environment a container would not have: the checkout on the path, the test venv, the developer's data, the hub's
 # stand-in (localcloud/hub.py).
 _HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME", "HF_ENDPOINT")

@@ -83,6 +83,41 @@ def test_an_endpoint_predicts_what_the_local_pipeline_predicts(fake_vertex_runne
             endpoint.delete()
     finally:
         endpoint.delete(force=True)  # undeploys first, as the SDK documents
-    assert not fake_vertex_runner.serving.served, "a serving container is still running"
+    processes = fake_vertex_runner.serving.processes
+    assert len(processes) == 1 and processes[0].poll() is not None, "the serving container is still running"
     model.delete()
     assert not aiplatform.Model.list()
+
+
+def test_a_batch_prediction_job_writes_what_the_endpoint_answers(fake_vertex_runner, gcs_bucket, trainer_image_python):
+    import json
+
+    from transformers import pipeline
+
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    _init(fake_vertex_runner, gcs_bucket)
+    model = _upload(gcs_bucket, TRAINER_IMAGE)
+    instances = [{"premise": p, "hypothesis": h} for p, h in PAIRS]
+    fs, path = files.filesystem(f"gs://{gcs_bucket}/batch/in.jsonl")
+    fs.pipe_file(path, "".join(json.dumps(i) + "\n" for i in instances).encode())
+    job = model.batch_predict(job_display_name="nli-batch", gcs_source=f"gs://{gcs_bucket}/batch/in.jsonl",
+                              gcs_destination_prefix=f"gs://{gcs_bucket}/batch/out", machine_type="n1-standard-2",
+                              starting_replica_count=1, max_replica_count=1, batch_size=2)  # two requests
+    assert job.state.name == "JOB_STATE_SUCCEEDED", job.error
+    out = job.output_info.gcs_output_directory
+    assert out.startswith(f"gs://{gcs_bucket}/batch/out/prediction-nli-tiny-")
+    blobs = [b for b in job.iter_outputs() if b.name.rsplit("/", 1)[-1].startswith("prediction.results")]
+    rows = [json.loads(line) for b in blobs for line in b.download_as_text().splitlines()]
+    assert [row["instance"] for row in rows] == instances
+    expected = pipeline("text-classification", model=tiny_model(), device="cpu")(
+        [{"text": p, "text_pair": h} for p, h in PAIRS])
+    assert [row["prediction"]["label"] for row in rows] == [row["label"] for row in expected]
+    assert all(p.poll() is not None for p in fake_vertex_runner.serving.processes), "a container outlived its job"
+    body = next(r.body for r in fake_vertex_runner.requests if r.path.endswith("batchPredictionJobs"))
+    assert body["manualBatchTuningParameters"] == {"batchSize": 2}  # the SDK's own request, parsed by the fake
+
+    fs.pipe_file(path, b'{"premise": "only a premise"}\n')
+    with pytest.raises(RuntimeError, match="hypothesis"):  # the job fails with the container's one line
+        model.batch_predict(job_display_name="nli-batch-bad", gcs_source=f"gs://{gcs_bucket}/batch/in.jsonl",
+                            gcs_destination_prefix=f"gs://{gcs_bucket}/batch/out", machine_type="n1-standard-2")
