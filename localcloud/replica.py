@@ -22,6 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 METADATA_HOST_ENV = "GCE_METADATA_HOST"  # google-auth's override of metadata.google.internal
+# Environment a container would not have: the checkout on the path, the test venv, the developer's data, the hub's
+# stand-in (localcloud/hub.py).
+HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME", "HF_ENDPOINT")
+# What takes huggingface_hub and datasets offline, failing at once instead of after retries (huggingface_hub 2.4.0's
+# constants.py reads HF_HUB_OFFLINE against ENV_VARS_TRUE_VALUES; datasets 5.2.0's config.py HF_DATASETS_OFFLINE).
+HUB_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def container_env() -> dict[str, str]:
+    """This process's environment as a container of the trainer image sees it: no host-only variables, no hub."""
+    return {**{k: v for k, v in os.environ.items() if k not in HOST_ONLY_ENV}, **HUB_OFFLINE_ENV}
 
 
 class MetadataServer(http.server.ThreadingHTTPServer):

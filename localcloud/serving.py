@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -52,12 +51,13 @@ from google.cloud.aiplatform_v1.types import (
     DeployModelRequest,
     Endpoint,
     JobState,
+    Model,
     UndeployModelRequest,
     UploadModelRequest,
 )
 
 from localcloud import rules
-from localcloud.replica import free_port
+from localcloud.replica import container_env, free_port
 
 _PATH = re.compile(r"^/v1/(?P<parent>projects/[^/]+/locations/[^/]+)/"
                    r"(?P<kind>models|endpoints|operations|batchPredictionJobs)"
@@ -177,6 +177,10 @@ def _upload(fake, reg: Registry, parent: str, body: dict) -> tuple[int, dict]:
         raise ValueError("model.containerSpec.imageUri is required for a custom-trained model")
     model.name = f"{parent}/models/{request.model_id or next(reg.ids)}"
     model.version_id, model.create_time, model.update_time = "1", rules.now(), rules.now()
+    # What a custom-container model supports: deploying on machines you name ("If you want to use a custom-trained
+    # model ... you must specify a machine type when you deploy", configure-compute page), and the fake's JSON Lines.
+    model.supported_deployment_resources_types = [Model.DeploymentResourcesType.DEDICATED_RESOURCES]
+    model.supported_input_storage_formats = model.supported_output_storage_formats = ["jsonl"]
     reg.models[model.name] = _json(model)
     return _operation(reg, parent, _TYPE + "UploadModelResponse", {"model": model.name, "modelVersionId": "1"})
 
@@ -210,6 +214,8 @@ def _deploy(fake, reg: Registry, name: str, body: dict) -> tuple[int, dict]:
     if model is None:
         return rules.api_error(404, "NOT_FOUND", f"{request.deployed_model.model} not found")
     deployed = request.deployed_model
+    if not deployed.dedicated_resources.machine_spec.machine_type:
+        raise ValueError("a custom-trained model needs dedicatedResources.machineSpec.machineType: name the machine")
     deployed.id, deployed.create_time = str(next(reg.ids)), rules.now()
     served = _start(fake, model, name, deployed.id)
     if isinstance(served, str):
@@ -328,11 +334,6 @@ def _stamp() -> str:
 # -- the serving container ------------------------------------------------------------------------------------
 def _start(fake, model: dict, endpoint: str, deployed_id: str) -> Served | str:
     """Start the model's container and wait for its health route, or say why it cannot serve."""
-    from localcloud.vertex import (  # vertex.py routes here: no import at load
-        _HOST_ONLY_ENV,
-        HUB_OFFLINE_ENV,
-    )
-
     spec = model.get("containerSpec", {})
     if spec.get("imageUri") not in fake.images:
         return f"cannot pull image {spec.get('imageUri')}: not registered with the fake (nothing pushed there)"
@@ -340,9 +341,9 @@ def _start(fake, model: dict, endpoint: str, deployed_id: str) -> Served | str:
     if not command or command[0] not in ("python", "python3"):
         return f"the fake runs only `python ...` serving commands in {spec['imageUri']}, not {command}"
     port, health, predict = free_port(), spec.get("healthRoute") or "/health", spec.get("predictRoute") or "/predict"
-    env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
+    env = container_env()
     env.update({e["name"]: e["value"] for e in spec.get("env", [])})
-    env.update(HUB_OFFLINE_ENV, PYTHONUNBUFFERED="1", AIP_MODE="PREDICTION", AIP_HTTP_PORT=str(port),
+    env.update(PYTHONUNBUFFERED="1", AIP_MODE="PREDICTION", AIP_HTTP_PORT=str(port),
                AIP_HEALTH_ROUTE=health, AIP_PREDICT_ROUTE=predict, AIP_STORAGE_URI=model.get("artifactUri", ""),
                AIP_DEPLOYED_MODEL_ID=deployed_id, AIP_ENDPOINT_ID=endpoint.rsplit("/", 1)[-1])
     log = tempfile.NamedTemporaryFile("w+", prefix="fake-vertex-serve-", suffix=".log", delete=False)

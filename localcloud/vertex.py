@@ -22,7 +22,7 @@ workerpool0 (chief) and workerpool1 (workers) gets the variables Vertex sets: CL
 prebuilt PyTorch images set them, CLOUD_ML_PROJECT_ID (the project number) and AIP_MODEL_DIR /
 AIP_CHECKPOINT_DIR / AIP_TENSORBOARD_LOG_DIR under base_output_dir. So a multi-worker job really trains over
 torchrun across "nodes" on this machine (gloo on the CPU). Without `run_jobs`, jobs stay PENDING. The replicas have
-no hub (HUB_OFFLINE_ENV), as a job behind VPC Service Controls, where "Vertex AI won't be able to reach resources
+no hub (replica.HUB_OFFLINE_ENV), as a job behind VPC Service Controls, where "Vertex AI won't be able to reach resources
 outside the perimeter" (https://cloud.google.com/vertex-ai/docs/general/vpc-service-controls): a job that names a
 hub model or dataset fails at once, and one staged in gs:// (vertex.stage_data, vertex.stage_model) trains. A
 container job runs the interpreter registered for its image: localcloud/image.py builds the trainer image's.
@@ -46,7 +46,7 @@ from google.cloud.aiplatform_v1.types import CustomJob, JobState
 from google.protobuf import json_format
 
 from localcloud import rules
-from localcloud.replica import Replica, free_port
+from localcloud.replica import Replica, container_env, free_port
 from localcloud.serving import handle_serving, stop_all
 from localcloud.tuning import handle_tuning
 
@@ -54,12 +54,6 @@ JOB_TIMEOUT_S = rules.JOB_TIMEOUT_S
 _COLLECTION = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 _JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
 _SERVING = re.compile(r"^/v1/projects/[^/]+/locations/[^/]+/(models|endpoints|operations|batchPredictionJobs)\b")
-# Environment a container would not have: the checkout on the path, the test venv, the developer's data, the hub's
-# stand-in (localcloud/hub.py).
-_HOST_ONLY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "NLI_REAL_DATA", "PYTHONHOME", "HF_ENDPOINT")
-# What takes huggingface_hub and datasets offline, failing at once instead of after retries (huggingface_hub 2.4.0's
-# constants.py reads HF_HUB_OFFLINE against ENV_VARS_TRUE_VALUES; datasets 5.2.0's config.py HF_DATASETS_OFFLINE).
-HUB_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 PRACTICE_FULL = ("practice mode trains each job on this machine's CPU, where profile full (roberta-base on 393k "
                  "pairs) takes days: practice with notebooks/params/smoke.yaml, rehearse full by adding "
                  "notebooks/params/rehearsal.yaml after full.yaml, or run it on Vertex AI with cloud='google'")
@@ -311,11 +305,11 @@ class FakeVertex:
     def _job_env(self, job: rules.FakeJob, spec_env: list[dict], replica: str, hosts: dict[str, str],
                  threads: int) -> dict[str, str]:
         base = job.proto.job_spec.base_output_directory.output_uri_prefix.rstrip("/")
-        env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
+        env = container_env()
         env.update(AIP_MODEL_DIR=f"{base}/model/", AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
                    AIP_TENSORBOARD_LOG_DIR=f"{base}/logs/", CLOUD_ML_JOB_ID=job.proto.name.rsplit("/", 1)[-1],
                    CLOUD_ML_PROJECT_ID=rules.project_number(job.proto.name.split("/")[1]),  # rule 10
-                   **HUB_OFFLINE_ENV, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                    NLI_ALLOW_CPU="1")  # not Vertex's: the replicas run on this CPU whatever GPUs the job asked
         env.update(vertex_env(job.proto, replica, hosts))
         env.update({e["name"]: e["value"] for e in spec_env})

@@ -13,7 +13,7 @@ from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform
 
-from nli_helpers import files
+from nli_helpers import files, vertex
 from tests.tiny_model import tiny_model
 
 pytest_plugins = ["tests.fake_vertex"]
@@ -51,6 +51,8 @@ def test_the_registry_and_endpoints_answer_as_the_rest_api_shapes_them(fake_vert
     assert {m.resource_name for m in aiplatform.Model.list()} == {model.resource_name}
     with pytest.raises(exceptions.BadRequest, match="cannot pull image"):  # nothing was pushed under that name
         model.deploy(endpoint=endpoint, machine_type="n1-standard-2")
+    leftover = aiplatform.Endpoint.create(display_name="nli-left-behind", labels=vertex.TUTORIAL_LABELS)
+    assert vertex.remove_endpoints() == [leftover.resource_name]  # only the tutorial's label
     for resource in (endpoint, other, model):
         resource.delete()
     assert not aiplatform.Endpoint.list() and not aiplatform.Model.list()
@@ -121,3 +123,31 @@ def test_a_batch_prediction_job_writes_what_the_endpoint_answers(fake_vertex_run
     with pytest.raises(RuntimeError, match="hypothesis"):  # the job fails with the container's one line
         model.batch_predict(job_display_name="nli-batch-bad", gcs_source=f"gs://{gcs_bucket}/batch/in.jsonl",
                             gcs_destination_prefix=f"gs://{gcs_bucket}/batch/out", machine_type="n1-standard-2")
+
+
+def test_an_interrupted_deploy_cell_of_notebook_07_leaves_no_endpoint(fake_vertex_runner, gcs_bucket, monkeypatch):
+    """Notebook 07's deploy cell, run as it stands, interrupted while the model is deployed: its `finally`
+    must leave nothing billing."""
+    import json
+    from pathlib import Path
+
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "07_deploy_and_predict.ipynb").read_text())["cells"]
+    deploy_cell = "".join(next(c for c in cells if c["id"] == "07-23")["source"])
+    assert "model.deploy(" in deploy_cell and "finally:" in deploy_cell
+
+    def interrupted(self, *args, **kwargs):
+        assert len(self.list_models()) == 1  # the model is deployed, and billing, when the interrupt comes
+        raise KeyboardInterrupt
+
+    _init(fake_vertex_runner, gcs_bucket)
+    model = _upload(gcs_bucket, TRAINER_IMAGE)
+    monkeypatch.setattr(aiplatform.Endpoint, "predict", interrupted)
+    namespace = {"aiplatform": aiplatform, "vertex": vertex, "model": model, "cloud": "practice", "deploy": False,
+                 "machine_type": "n1-standard-2", "service_account": None, "hourly": 0.1, "run_dir": Path("deploy-x"),
+                 "instances": [{"premise": p, "hypothesis": h} for p, h in PAIRS]}
+    with pytest.raises(KeyboardInterrupt):
+        exec(deploy_cell, namespace)
+    assert not aiplatform.Endpoint.list(), "the interrupted cell left an endpoint"
+    assert all(p.poll() is not None for p in fake_vertex_runner.serving.processes), "a container is still serving"

@@ -31,14 +31,14 @@ _MODULES = {
                "TORCH_CUDA_BUILDS image_gpu_problem image_torch_cuda newest_prebuilt_image_uri "
                "package_torch_requirement prebuilt_image_problem "
                "trainer_image_build_commands trainer_image_uri",
-    ".jobs": "API_ENDPOINT_ENV CLOUDS TIMEOUT_PER_EXPECTED_HOUR VertexSettings check_cloud "
-             "confirm_submit fetch_outputs "
-             "init_vertex logs_url queued_help submit_custom_job watch_job",
+    ".jobs": "API_ENDPOINT_ENV CLOUDS TIMEOUT_PER_EXPECTED_HOUR TUTORIAL_LABELS VertexSettings "
+             "check_cloud confirm_submit fetch_outputs "
+             "init_vertex logs_url queued_help remove_endpoints submit_custom_job watch_job",
     ".pools": "REDUCTION_SERVER_BUCKET_MB REDUCTION_SERVER_IMAGE REDUCTION_SERVER_MACHINE_TYPE "
               "SPOT_CHECKPOINT_EVERY_MINUTES "
-              "Machine ReductionServer check_model_folder container_worker_pools job_args job_config "
-              "reduction_server_image spot_worker_pools stage_data stage_model",
-    ".pricing": "estimate_cost estimate_job_cost",
+              "Machine ReductionServer check_model_folder container_worker_pools job_args "
+              "job_config reduction_server_image spot_worker_pools stage_data stage_model",
+    ".pricing": "PREDICTION_PRICE_SOURCE estimate_cost estimate_job_cost prediction_hourly_price",
     ".checks": "bucket_location_check preflight",  # the module is not named preflight: no clash
     ".tuning": "validate_search_space",
 }

@@ -286,3 +286,20 @@ def fetch_outputs(job_or_base_output_dir: CustomJob | str, local_dir: str | Path
                           "see its logs")
     fs.get(f"{model}/", f"{local_dir}/", recursive=True)
     return json.loads((Path(local_dir) / "metrics.json").read_text())
+
+
+# What notebook 07 labels its endpoints with, so that a leftover one can be found and removed.
+TUTORIAL_LABELS = {"tutorial": "nli-workbench"}
+
+
+def remove_endpoints(labels: dict[str, str] = TUTORIAL_LABELS) -> list[str]:
+    """Undeploy and delete every endpoint carrying `labels` in aiplatform.init's project and region:
+    what an interrupted deploy may have left billing by the hour. Returns their names."""
+    from google.cloud import aiplatform
+
+    query = " AND ".join(f'labels.{key}="{value}"' for key, value in labels.items())
+    removed = []
+    for endpoint in aiplatform.Endpoint.list(filter=query):
+        endpoint.delete(force=True)  # undeploys its models first: a deployed model bills
+        removed.append(endpoint.resource_name)
+    return removed

@@ -146,11 +146,11 @@ def stage_model(cfg: TrainConfig, bucket: str, folder: str | Path) -> TrainConfi
 
 # What a model folder needs (from_pretrained): never pickles (.bin), never other frameworks' copies.
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
-# A tokenizer's vocabulary: the file names of VOCAB_FILES_NAMES in transformers 5's tokenization_*.py
-# (fast tokenizers, BPE, WordPiece, SentencePiece); without one it builds a tokenizer of special
-# tokens only, and every word becomes [UNK].
-VOCAB_FILES = {"tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
-               "sentencepiece.model", "tokenizer.model"}
+# A tokenizer's vocabulary: the file names of VOCAB_FILES_NAMES in transformers 5's
+# tokenization_*.py (fast tokenizers, BPE, WordPiece, SentencePiece); without one it builds a
+# tokenizer of special tokens only, and every word becomes [UNK].
+VOCAB_FILES = {"tokenizer.json", "vocab.json", "vocab.txt", "spiece.model",
+               "sentencepiece.bpe.model", "sentencepiece.model", "tokenizer.model"}
 
 
 def check_model_folder(folder: str | Path) -> None:
@@ -167,9 +167,9 @@ def check_model_folder(folder: str | Path) -> None:
         ("weights (*.safetensors)", any(name.endswith(".safetensors") for name in names)),
         ("tokenizer (tokenizer.json, vocab.txt, ...)", bool(names & VOCAB_FILES))) if not found]
     if missing:
-        raise VertexError(f"{folder} is not a model folder a job can load: no {', '.join(missing)}. "
-                          "Pass a run's folder, or one written by model.save_pretrained(folder) "
-                          "and tokenizer.save_pretrained(folder)")
+        raise VertexError(f"{folder} is not a model folder a job can load: no "
+                          f"{', '.join(missing)}. Pass a run's folder, or one written by "
+                          "model.save_pretrained(folder) and tokenizer.save_pretrained(folder)")
 
 
 def _upload(cfg: TrainConfig, field: str, local: Path, uri: str) -> TrainConfig:

@@ -227,3 +227,21 @@ def estimate_job_cost(worker_pool_specs: list[dict], hours: float = 1.0) -> JobC
     if not parts:
         raise PricingError("no worker pool with replicas to price")
     return JobCostEstimate(tuple(parts))
+
+
+# Online and batch prediction, USD per node-hour in us-central1, for the machines notebook 07
+# offers. Not read from the Vertex AI pricing page itself (the copies this project can read stop
+# before its prediction tables): quoted by a third-party cost plan that fetched the page on
+# 2026-09-29. Check the page before relying on a number.
+PREDICTION_PRICES_PER_HOUR: dict[str, float] = {"e2-standard-2": 0.0770564, "n1-standard-2": 0.1095}
+PREDICTION_PRICE_SOURCE = ("list price, us-central1, as quoted 2026-09-29 and not re-checked: "
+                           "https://cloud.google.com/vertex-ai/pricing")
+
+
+def prediction_hourly_price(machine_type: str) -> float:
+    """USD per node-hour of a prediction machine (an endpoint, or a batch job's replica)."""
+    if machine_type not in PREDICTION_PRICES_PER_HOUR:
+        raise PricingError(f"no prediction price for machine type {machine_type!r}; the table "
+                           f"knows {', '.join(PREDICTION_PRICES_PER_HOUR)}. Look it up at "
+                           "https://cloud.google.com/vertex-ai/pricing")
+    return PREDICTION_PRICES_PER_HOUR[machine_type]
