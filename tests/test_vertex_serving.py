@@ -151,3 +151,21 @@ def test_an_interrupted_deploy_cell_of_notebook_07_leaves_no_endpoint(fake_verte
         exec(deploy_cell, namespace)
     assert not aiplatform.Endpoint.list(), "the interrupted cell left an endpoint"
     assert all(p.poll() is not None for p in fake_vertex_runner.serving.processes), "a container is still serving"
+
+
+def test_preflight_for_serving_checks_the_prediction_machine_and_the_images_region(gcs_bucket):
+    from tests.fake_vertex import TRAINER_IMAGE
+
+    def check(machine_type: str, image: str = TRAINER_IMAGE) -> dict[str, str]:
+        checks = vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri=image, serving=True,
+                                  machine=vertex.Machine(machine_type, None, 0), raise_on_failure=False, verbose=False)
+        return {c.name: c.status for c in checks}
+
+    sound = check("n1-standard-2")
+    assert sound["staging bucket"] != "fail" and (sound["machine"], sound["image/torch"]) == ("ok", "ok"), sound
+    assert check("n1-highcpu-2")["machine"] == "fail"  # the configure-compute page lists no such serving machine
+    assert check("m1-ultramem-40")["machine"] == "fail"
+    assert check("n1-standard-2", TRAINER_IMAGE.replace("us-central1-docker", "us-docker"))["image/torch"] == "fail"
+    with pytest.raises(vertex.PreflightError, match="does not serve predictions"):
+        vertex.preflight(region=REGION, staging_bucket=f"gs://{gcs_bucket}", image_uri=TRAINER_IMAGE, serving=True,
+                         machine=vertex.Machine("n1-highcpu-2", None, 0), verbose=False)

@@ -58,11 +58,13 @@ def preflight(*, region: str, staging_bucket: str, machine: Machine, image_uri: 
               cfg: TrainConfig | None = None, labels: dict[str, str] | None = None,
               reduction_server: ReductionServer | None = None, spot: bool = False,
               egress: bool = False, raise_on_failure: bool = True,
-              verbose: bool = True) -> list[Check]:
+              verbose: bool = True, serving: bool = False) -> list[Check]:
     """Check a job of the trainer image `image_uri` (on Spot VMs with `spot`) before it costs
-    money. `egress=True` says the job reaches the internet, so it may read the hub."""
-    checks = [_check_bucket(staging_bucket, region), _check_machine(machine, spot),
-              _check_image(image_uri, region, machine)]
+    money. `egress=True` says the job reaches the internet, so it may read the hub. `serving=True`
+    checks a model's serving instead: a prediction machine, the image in the model's region."""
+    checks = [_check_bucket(staging_bucket, region),
+              _check_serving_machine(machine) if serving else _check_machine(machine, spot),
+              _check_image(image_uri, region, machine, serving)]
     if reduction_server is not None:
         checks.append(_check_reduction_server(reduction_server, machine))
     if cfg is not None:
@@ -148,17 +150,35 @@ def _check_reduction_server(server: ReductionServer, machine: Machine) -> Check:
                  "your own must too, or NCCL ignores the reducers")
 
 
+# The machine series Vertex AI serves predictions on, from the configure-compute page
+# (https://cloud.google.com/vertex-ai/docs/predictions/configure-compute), which lists no
+# n1-highcpu-2.
+SERVING_SERIES = ("e2", "n1", "n2", "n2d", "c2", "c2d", "c3", "a2", "a3", "a4", "a4x", "g2", "g4")
+
+
+def _check_serving_machine(machine: Machine) -> Check:
+    if machine.machine_type.split("-")[0] not in SERVING_SERIES or (
+            machine.machine_type == "n1-highcpu-2"):
+        return Check("machine", "fail", f"{machine.machine_type} does not serve predictions: take "
+                     "one of the configure-compute page's, such as n1-standard-2 or e2-standard-2")
+    return _check_machine(machine, spot=False)
+
+
 def registry_location(image_uri: str) -> str | None:
     """The Artifact Registry location of an image (a region or us/europe/asia), else None."""
     host = image_uri.split("/", 1)[0]
     return host.removesuffix("-docker.pkg.dev") if host.endswith("-docker.pkg.dev") else None
 
 
-def _check_image(image_uri: str, region: str, machine: Machine) -> Check:
+def _check_image(image_uri: str, region: str, machine: Machine, serving: bool = False) -> Check:
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/\S+", image_uri):
         return Check("image/torch", "fail", f"image_uri={image_uri!r} is not an image reference: "
                      "expected REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG "
                      "(vertex.trainer_image_uri)")
+    if serving and registry_location(image_uri) != region:  # custom container requirements page
+        return Check("image/torch", "fail", f"{image_uri}: a serving image must be in Artifact "
+                     f"Registry in the model's region, {region}, not in another region or a "
+                     "multi-region (vertex.trainer_image_uri(project, region) names it)")
     if prebuilt_image(image_uri) and (problem := prebuilt_image_problem(image_uri)):
         return Check("image/torch", "fail", problem)  # no prebuilt image runs this package
     cuda = image_torch_cuda(image_uri)
