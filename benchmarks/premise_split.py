@@ -10,9 +10,9 @@ It writes train.jsonl and validation_matched.jsonl, the folder of split files `l
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 
@@ -30,4 +30,8 @@ def main(source: str, folder: str) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    print(main(*sys.argv[1:3]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", help="a JSON Lines file of labelled pairs (premise, hypothesis, label)")
+    parser.add_argument("folder", help="where train.jsonl and validation_matched.jsonl go")
+    args = parser.parse_args()
+    print(main(args.source, args.folder))

@@ -17,6 +17,7 @@ Batch prediction sends the same requests.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -109,7 +110,10 @@ def make_server(model_dir: str, port: int, health_route: str, predict_route: str
     return ThreadingHTTPServer((host, port), Handler)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # no options: Vertex AI configures the server through AIP_* variables; --help prints this
+    argparse.ArgumentParser(prog="python -m nli_helpers.vertex.serve", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     env = os.environ
     if not env.get("AIP_STORAGE_URI"):
         print("serve: AIP_STORAGE_URI is not set: Vertex AI sets it from the Model's artifact_uri;"
