@@ -52,6 +52,7 @@ from google.cloud.aiplatform_v1.types import (
     Endpoint,
     JobState,
     Model,
+    PredictRequest,
     UndeployModelRequest,
     UploadModelRequest,
 )
@@ -246,6 +247,7 @@ def _predict(reg: Registry, name: str, body: dict) -> tuple[int, dict]:
     traffic = reg.endpoints[name].get("trafficSplit") or {}
     if not traffic:
         return rules.api_error(400, "FAILED_PRECONDITION", f"{name} has no deployed model to send the request to")
+    _parsed(PredictRequest, {**body, "endpoint": name})  # an unknown field is Vertex's 400
     deployed_id = next(iter(traffic))
     served = reg.served[deployed_id]
     status, answer = _send(served, body)

@@ -8,6 +8,9 @@ endpoint with deployed models, and `Endpoint.delete(force=True)` undeploys first
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+
 import pytest
 from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
@@ -78,6 +81,11 @@ def test_an_endpoint_predicts_what_the_local_pipeline_predicts(fake_vertex_runne
             assert row["probs"][top["label"]] == pytest.approx(top["score"], abs=1e-4)
         with pytest.raises(exceptions.BadRequest, match="hypothesis"):  # the container's one line, passed on
             endpoint.predict(instances=[{"premise": "only a premise"}])
+        unknown = urllib.request.Request(f"{fake_vertex_runner.endpoint}/v1/{endpoint.resource_name}:predict",
+                                         data=b'{"instances": [], "instance": []}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a field PredictRequest does not have
+            urllib.request.urlopen(unknown)
+        assert refused.value.code == 400
         # FAILED_PRECONDITION, which REST answers with HTTP 400: the SDK raises BadRequest
         with pytest.raises(exceptions.BadRequest, match="is deployed on"):
             model.delete()
