@@ -74,7 +74,6 @@ class Served:
     process: subprocess.Popen
     url: str
     predict_route: str
-    log: str = ""
 
 
 @dataclass
@@ -352,7 +351,7 @@ def _start(fake, model: dict, endpoint: str, deployed_id: str) -> Served | str:
     process = subprocess.Popen([str(fake.images[spec["imageUri"]]), *command[1:]], env=env, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
     registry(fake).processes.append(process)
-    served = Served({}, process, f"http://127.0.0.1:{port}", predict, log.name)
+    served = Served({}, process, f"http://127.0.0.1:{port}", predict)
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
