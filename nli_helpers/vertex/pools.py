@@ -162,10 +162,12 @@ def check_model_folder(folder: str | Path) -> None:
         names = {Path(entry).name for entry in fs.ls(path, detail=False)}
     except FileNotFoundError:
         names = set()
-    missing = [what for what, found in (
-        ("config.json", "config.json" in names),
-        ("weights (*.safetensors)", any(name.endswith(".safetensors") for name in names)),
-        ("tokenizer (tokenizer.json, vocab.txt, ...)", bool(names & VOCAB_FILES))) if not found]
+    needed = {
+        "config.json": "config.json" in names,
+        "weights (*.safetensors)": any(name.endswith(".safetensors") for name in names),
+        "tokenizer (tokenizer.json, vocab.txt, ...)": bool(names & VOCAB_FILES),
+    }
+    missing = [what for what, found in needed.items() if not found]
     if missing:
         raise VertexError(f"{folder} is not a model folder a job can load: no "
                           f"{', '.join(missing)}. Pass a run's folder, or one written by "
