@@ -49,22 +49,17 @@ $(STAMP): pyproject.toml localcloud/pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Every notebook, headless, with papermill's own CLI, into runs/demo-<time>/ (the runs they train go to runs/ too),
-# one line per notebook with its time. Notebooks 04-05 submit to Vertex AI: offline,
-# they run against localcloud/ (a Cloud Storage emulator and a fake of Vertex AI whose jobs really train in the
-# trainer image's stand-in, built once per package version). Each notebook gets the PARAMS it declares
-# (notebooks/params/declared.py, beside its executed copy); tests/executed_notebooks.py then reads the outputs.
+# Every notebook, headless, with papermill, into runs/demo-<time>/ (the runs they train go to runs/ too), one line
+# per notebook with its time. Notebooks 04-05 and 07 submit to Vertex AI: offline, they run against localcloud/ (a
+# Cloud Storage emulator and a fake of Vertex AI whose jobs really train in the trainer image's stand-in, built once
+# per package version). notebooks/demo.py gives each notebook the PARAMS it declares (the YAML beside its executed
+# copy), in one process; tests/executed_notebooks.py then reads the outputs.
 demo: $(STAMP)
 	$(BIN)/python -m localcloud -- $(MAKE) --no-print-directory demo-notebooks
 demo-notebooks:
-	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
-	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
-	  start=$$(date +%s); echo "$$nb ..."; params=$$out/$$(basename $$nb .ipynb).yaml; \
-	  $(BIN)/python notebooks/params/declared.py "$$nb" $(PARAMS) > "$$params" || exit 1; \
-	  $(BIN)/papermill --no-progress-bar --log-level ERROR --cwd notebooks -f "$$params" \
-	    "$$(pwd)/$$nb" "$$out/$$(basename $$nb)" || exit 1; \
-	  echo "  ok in $$(( $$(date +%s) - start ))s"; \
-	done; $(BIN)/python tests/executed_notebooks.py $$out && echo "executed notebooks: $$out"
+	@out=$$(pwd)/runs/demo-$$(date +%Y%m%d-%H%M%S); \
+	$(BIN)/python notebooks/demo.py --out $$out --params $(PARAMS) && \
+	$(BIN)/python tests/executed_notebooks.py $$out
 
 # The trainer command alone, once: fine-tune + evaluate on the smoke profile.
 train-smoke: $(STAMP)

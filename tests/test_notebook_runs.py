@@ -43,12 +43,11 @@ def test_latest_run_is_the_newest_finished_one(tmp_path, monkeypatch):
     assert notebook_runs.latest_run("vertex") is None
 
 
-def test_make_demo_runs_each_notebook_with_papermills_cli(tmp_path):
-    """The Makefile's demo recipe is papermill's CLI per notebook; a failing notebook stops it non-zero."""
+def test_make_demo_runs_each_notebook_with_papermill_given_only_its_parameters(tmp_path):
+    """make demo runs notebooks/demo.py: papermill per notebook, each given the names it declares; a failing notebook
+    stops it non-zero, naming the cell."""
     recipe = (ROOT / "Makefile").read_text()
-    # the files merged as papermill's -f would (later wins), each notebook given the names it declares
-    assert re.search(r"notebooks/params/declared\.py \"\$\$nb\" \$\(PARAMS\) > \"\$\$params\"", recipe)
-    assert re.search(r"papermill .*--cwd notebooks -f \"\$\$params\"", recipe)
+    assert re.search(r"notebooks/demo\.py --out \$\$out --params \$\(PARAMS\)", recipe)
     assert re.search(r"^PARAMS \?= notebooks/params/smoke\.yaml$", recipe, re.M)  # make demo PARAMS=... for another
     nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                "language": "python"}})
@@ -57,12 +56,16 @@ def test_make_demo_runs_each_notebook_with_papermills_cli(tmp_path):
     nb.cells = [params, new_code_cell("assert score < 1, 'score too high'\nprint(f'score {score}')")]
     source = tmp_path / "01_tiny.ipynb"
     nbformat.write(nb, source)
-    papermill = [sys.executable, "-m", "papermill", "--no-progress-bar", "--cwd", str(tmp_path)]
-    ok = subprocess.run([*papermill, "-p", "score", "0.75", str(source), str(tmp_path / "out.ipynb")],
+    (tmp_path / "a.yaml").write_text("score: 0.5\nsteps: 3\n")  # steps: a name this notebook does not declare
+    (tmp_path / "b.yaml").write_text("score: 0.75\n")  # the later file wins, as papermill's later -f
+    demo = [sys.executable, str(ROOT / "notebooks" / "demo.py"), str(source), "--params"]
+    ok = subprocess.run([*demo, str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"), "--out", str(tmp_path / "ok")],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1].outputs
+    outputs = nbformat.read(tmp_path / "ok" / "01_tiny.ipynb", as_version=4).cells[-1].outputs
     assert outputs[0]["text"] == "score 0.75\n"
-    failed = subprocess.run([*papermill, "-p", "score", "2", str(source), str(tmp_path / "bad.ipynb")],
+    assert (tmp_path / "ok" / "01_tiny.yaml").read_text() == "score: 0.75\n"
+    (tmp_path / "c.yaml").write_text("score: 2\n")
+    failed = subprocess.run([*demo, str(tmp_path / "c.yaml"), "--out", str(tmp_path / "bad")],
                             capture_output=True, text=True)
-    assert failed.returncode != 0 and "score too high" in failed.stderr + failed.stdout
+    assert failed.returncode == 1 and "failed in cell 3: AssertionError: score too high" in failed.stderr  # 2: the injected parameters

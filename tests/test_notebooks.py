@@ -335,8 +335,8 @@ def test_every_job_the_notebooks_submit_runs_as_the_service_account_parameter():
 
 @pytest.mark.parametrize("params_file", PARAM_FILES, ids=[p.stem for p in PARAM_FILES])
 def test_make_demo_gives_each_notebook_only_the_parameters_it_declares(params_file):
-    sys.path.insert(0, str(NOTEBOOK_DIR / "params"))
-    from declared import declared  # notebooks/params/declared.py, which make demo runs
+    sys.path.insert(0, str(NOTEBOOK_DIR))
+    from demo import declared  # notebooks/demo.py, which make demo runs
 
     given = {path.stem: declared(path, [params_file]) for path in NOTEBOOKS}
     for path in NOTEBOOKS:
