@@ -222,6 +222,7 @@ class FakeJob:
     job_retries: int = 0  # whole-job restarts after a possibly transient exit (rule 7)
     spot_restarts: int = 0  # whole-job restarts after a Spot preemption (rule 6)
     cpu_replicas: int = 0  # its training replicas, while they hold a share of this machine's cores
+    side_by_side: int = 1  # jobs like it that start together (a tuning job's parallel trials): each its share
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)  # replicas are running
     done: threading.Event = field(default_factory=threading.Event)

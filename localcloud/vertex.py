@@ -249,7 +249,7 @@ class FakeVertex:
         with self._lock:  # not Vertex's: every replica gets a VM there; here the replicas split the cores
             job.cpu_replicas = sum(pool.replica_count for pool in pools[:2])
             self._replicas_running += job.cpu_replicas
-            threads = max(1, host_cores() // self._replicas_running)
+            threads = max(1, host_cores() // max(self._replicas_running, job.cpu_replicas * job.side_by_side))
         for i, pool in enumerate(pools[:2]):
             if not pool.replica_count:
                 continue

@@ -136,9 +136,11 @@ def test_a_refused_job_says_what_vertex_said(fake_vertex, gcs_bucket):
 
 
 # -- trials, run by the fake ------------------------------------------------------------------------------------
-def test_parallel_trials_given_one_checkpoint_dir_keep_to_their_own_folders(fake_vertex_runner, gcs_bucket):
+def test_parallel_trials_given_one_checkpoint_dir_keep_to_their_own_folders(fake_vertex_runner, gcs_bucket,
+                                                                           monkeypatch):
     """Resuming with `auto` from a shared folder would train one trial on with another's weights and
     hyperparameters: each trial appends its id to a folder its args name."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the cores the fake may share out (host_cores), whatever xdist gave
     from tests.fake_vertex import TRAINER_IMAGE
 
     shared = f"gs://{gcs_bucket}/shared-checkpoints"
@@ -157,6 +159,10 @@ def test_parallel_trials_given_one_checkpoint_dir_keep_to_their_own_folders(fake
         parallel_trial_count=2)
     job.run(timeout=600)
     assert [t.state.name for t in job.trials] == ["SUCCEEDED", "SUCCEEDED"]
+    # each trial has a VM on Vertex AI; here the two share the fake's cores from the start (the first, started alone,
+    # took all 4, and the two trials then ran 6 threads on 4 cores)
+    threads = [fake_vertex_runner.jobs[t.custom_job].replicas["workerpool0-0"].env["OMP_NUM_THREADS"] for t in job.trials]
+    assert threads == ["2", "2"]
     fs, root = files.filesystem(shared)
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == ["trial-1", "trial-2"]
     for trial in job.trials:  # a complete checkpoint each, and the run folder Vertex AI gave the trial
