@@ -38,7 +38,6 @@ from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
 from .model import check_model_fits, load_model_and_tokenizer
 from .train import (
-    Stopped,
     TrainCallback,
     TrainResult,
     global_batch,
@@ -59,14 +58,6 @@ def set_library_output(cfg: TrainConfig) -> None:
             library.disable_progress_bar()
 
 
-class RunStopped(NLIError):
-    """A SIGTERM ended the run before it finished: after `step`, with `checkpoint` (None: none)."""
-
-    def __init__(self, message: str, step: int, checkpoint: str | None):
-        super().__init__(message)
-        self.step, self.checkpoint = step, checkpoint
-
-
 class RunFinished(NLIError):
     """--resume_from_checkpoint auto found the run finished: nothing to do (the command exits 0)."""
 
@@ -75,8 +66,9 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
                  callbacks: Sequence[TrainCallback] = (),
                  exit_on_sigterm: Callable[[], bool] = lambda: False) -> TrainResult:
     """Load the data and model that `cfg` names, train, evaluate, save to `cfg.job_dir`. A SIGTERM
-    while training raises `RunStopped` once the checkpoint is saved; `exit_on_sigterm()` true
-    (a launcher stopping the ranks after one failed) exits at once instead."""
+    while training returns the result with `stopped` set (`train.Stopped`: the step, the checkpoint
+    and what to do next) once the checkpoint is saved; `exit_on_sigterm()` true (a launcher stopping
+    the ranks after one failed) exits at once instead."""
     dist.check_accelerator(cfg)  # no GPU for a run that needs one: stop before loading anything
     set_library_output(cfg)
     info = dist.init_distributed()
@@ -99,7 +91,7 @@ def run_training(cfg: TrainConfig, *, verbose: bool = True,
                                      verbose and info.is_main, exit_on_sigterm)
     finally:
         dist.shutdown_distributed()
-    if verbose and info.is_main:  # one summary for the job, not one per rank
+    if verbose and info.is_main and not result.stopped:  # one summary for the job, not one per rank
         print(f"done in {result.metrics['train']['seconds']:.0f}s "
               f"({result.metrics['train']['examples_per_s']:.1f} examples/s); "
               + summary_line({k: v for k, v in result.metrics.items()
@@ -138,54 +130,42 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     # A SIGTERM while training stops the loop at the ranks' next agreement, with a checkpoint; one
     # after the loop must not kill the final save half-way: the save is seconds long and finishes
     # within the platform's grace period, so the run ends whole.
-    with sigterm_requests(exit_on_sigterm) as stop:
+    with sigterm_times(exit_on_sigterm) as signalled:
         result = train(cfg, model, tokenizer, tokenized, device=device, info=info,
                        callbacks=callbacks, checkpoint_root=root, resume_from=resume_from,
-                       should_stop=lambda: stop.requested)
+                       should_stop=lambda: bool(signalled))
         if result.stopped is None:  # every rank has the same weights: one writes them
             dist.on_main_process(lambda: save_run(result, job_dir, root), info)
+    since = f" {time.monotonic() - signalled[0]:.1f} s after the signal" if signalled else ""
     if result.stopped is not None:
-        raise stopped_error(result.stopped, stop, cfg)
-    if stop.requested and verbose:
-        print(f"SIGTERM arrived during the final save{stop.since()}; the run was saved whole")
+        result.stopped.message = f"stopped by SIGTERM after step {result.stopped.step}" + (
+            f"; checkpoint saved to {result.stopped.checkpoint}{since}. Rerun with "
+            "--resume_from_checkpoint auto to continue" if result.stopped.checkpoint else
+            f"{since}, with no checkpoint to resume from (--save_total_limit "
+            f"{cfg.save_total_limit}): a restart would start from step 0. Keep checkpoints (the "
+            "default, 2) to make a stopped run resumable")
+    elif signalled and verbose:
+        print(f"SIGTERM arrived during the final save{since}; the run was saved whole")
     return result
 
 
-def stopped_error(stopped: Stopped, stop: StopRequest, cfg: TrainConfig) -> RunStopped:
-    how = (f"; checkpoint saved to {stopped.checkpoint}{stop.since()}. Rerun with "
-           "--resume_from_checkpoint auto to continue" if stopped.checkpoint else
-           f"{stop.since()}, with no checkpoint to resume from (--save_total_limit "
-           f"{cfg.save_total_limit}): a restart would start from step 0. Keep checkpoints (the "
-           "default, 2) to make a stopped run resumable")
-    return RunStopped(f"stopped by SIGTERM after step {stopped.step}{how}", stopped.step,
-                      stopped.checkpoint)
-
-
-class StopRequest:
-    requested = False
-    at: float | None = None
-
-    def since(self) -> str:
-        return f" {time.monotonic() - self.at:.1f} s after the signal" if self.at else ""
-
-
 @contextlib.contextmanager
-def sigterm_requests(exit_now: Callable[[], bool] = lambda: False) -> Iterator[StopRequest]:
-    """While the block runs, a SIGTERM sets `requested` (the loop reads it at its agreements)."""
-    stop = StopRequest()
+def sigterm_times(exit_now: Callable[[], bool] = lambda: False) -> Iterator[list[float]]:
+    """While the block runs, a SIGTERM appends its time (`time.monotonic()`) to the list yielded:
+    the loop stops at its ranks' next agreement once the list is not empty."""
+    signalled: list[float] = []
     if threading.current_thread() is not threading.main_thread():  # signals reach it only
-        yield stop
+        yield signalled
         return
 
     def request(signum, frame):
         if exit_now():  # no checkpoint can follow, and this rank may be blocked in a collective
             os._exit(128 + signum)
-        if not stop.requested:
-            stop.requested, stop.at = True, time.monotonic()
+        signalled.append(time.monotonic())
 
     previous = signal.signal(signal.SIGTERM, request)
     try:
-        yield stop
+        yield signalled
     finally:
         signal.signal(signal.SIGTERM, previous)
 

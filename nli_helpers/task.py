@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, NoReturn
 from .config import NLIError, TrainConfig, parse_args
 
 if TYPE_CHECKING:
-    from .run import RunStopped
-    from .train import TrainCallback
+    from .train import Stopped, TrainCallback
 
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for a process a SIGTERM ended
 
@@ -38,7 +37,7 @@ class Platform:
     configure: Callable[[TrainConfig], TrainConfig] = lambda cfg: cfg
     callbacks: Callable[[TrainConfig], list[TrainCallback]] = lambda cfg: []  # its observers
     # The exit code of a run a SIGTERM stopped, and what to print after it.
-    stopped: Callable[[RunStopped], tuple[int, str]] = lambda e: (STOPPED_EXIT_CODE, "")
+    stopped: Callable[[Stopped], tuple[int, str]] = lambda stopped: (STOPPED_EXIT_CODE, "")
     # In the SIGTERM handler: exit at once (no checkpoint) instead of stopping at the next step.
     exit_on_sigterm: Callable[[], bool] = lambda: False
 
@@ -64,19 +63,19 @@ def _run_command(argv: list[str] | None, platform: Platform) -> int:
     except NLIError as e:
         return _error(e)
     # Lazy, and the only lazy import here: torch loads after the flags, so --help answers at once.
-    from .run import RunFinished, RunStopped, run_training
+    from .run import RunFinished, run_training
 
     try:
-        run_training(cfg, callbacks=callbacks, exit_on_sigterm=platform.exit_on_sigterm)
+        result = run_training(cfg, callbacks=callbacks, exit_on_sigterm=platform.exit_on_sigterm)
     except RunFinished as e:
         print(e)
         return 0
-    except RunStopped as e:
-        code, note = platform.stopped(e)
-        print(f"stopped: {e}; exiting {code}{note}", file=sys.stderr)
-        return code
     except NLIError as e:
         return _error(e)
+    if result.stopped:  # the one place a stopped run becomes an exit code
+        code, note = platform.stopped(result.stopped)
+        print(f"stopped: {result.stopped.message}; exiting {code}{note}", file=sys.stderr)
+        return code
     return 0
 
 

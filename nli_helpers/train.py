@@ -59,10 +59,13 @@ class TrainResult:
 
 @dataclass
 class Stopped:
-    """A run that `should_stop` ended: after which step, and its checkpoint (None: none kept)."""
+    """A run that `should_stop` ended: after which step, and its checkpoint (None: none kept).
+    The one shape of a stopped run: `train` returns it in `TrainResult.stopped`, `run` says why in
+    `message`, and the command maps it to its exit code (`task.Platform.stopped`)."""
 
     step: int
     checkpoint: str | None
+    message: str = ""
 
 
 def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,

@@ -6,6 +6,7 @@ where the platform's signal would land."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import localcloud.replica
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
-from nli_helpers.run import RunStopped, run_training
+from nli_helpers.run import run_training
 from nli_helpers.train import TrainCallback
 from nli_helpers.vertex.entry import stopped_exit
 from tests.helpers import ROOT, vm_metadata
@@ -49,27 +50,29 @@ def cfg(job: Path, tiny_model_dir: str, **kw):
 
 
 def test_sigterm_without_checkpoints_says_so_and_exits_with_a_code_vertex_does_not_retry(tmp_path, tiny_model_dir):
-    with pytest.raises(RunStopped, match="with no checkpoint to resume from .--save_total_limit 0") as err:
-        run_training(cfg(tmp_path / "job", tiny_model_dir, save_total_limit=0), callbacks=[SigtermAt(step=1)])
-    assert err.value.checkpoint is None and err.value.step == 1
-    assert stopped_exit(err.value, env={})[0] == 143  # on Vertex AI: permanent, no retry
-    assert "checkpoint saved to None" not in str(err.value)
+    stopped = run_training(cfg(tmp_path / "job", tiny_model_dir, save_total_limit=0),
+                           callbacks=[SigtermAt(step=1)]).stopped
+    assert stopped.checkpoint is None and stopped.step == 1
+    assert re.search("with no checkpoint to resume from .--save_total_limit 0", stopped.message)
+    assert stopped_exit(stopped, env={})[0] == 143  # on Vertex AI: permanent, no retry
+    assert "checkpoint saved to None" not in stopped.message
+    assert not (tmp_path / "job" / "metrics.json").exists()  # a stopped run is not a finished one
 
 
 def test_sigterm_with_a_checkpoint_exits_the_code_vertex_retries_only_when_the_vm_is_going(tmp_path, tiny_model_dir):
     """Vertex AI restarts a preempted or maintained VM's job whatever its exit code, and retries 134 after anything
     else too: so 134 only when the metadata server says the VM is going, 143 after a cancel or a timeout."""
-    with pytest.raises(RunStopped, match="checkpoint saved to .*Rerun with --resume_from_checkpoint auto") as err:
-        run_training(cfg(tmp_path / "job", tiny_model_dir), callbacks=[SigtermAt(step=1)])
-    assert err.value.checkpoint == latest_checkpoint(str(tmp_path / "job" / "checkpoints"))
-    assert stopped_exit(err.value, env={})[0] == 143  # no metadata server (off Google Cloud): not going
+    stopped = run_training(cfg(tmp_path / "job", tiny_model_dir), callbacks=[SigtermAt(step=1)]).stopped
+    assert re.search("checkpoint saved to .*Rerun with --resume_from_checkpoint auto", stopped.message)
+    assert stopped.checkpoint == latest_checkpoint(str(tmp_path / "job" / "checkpoints"))
+    assert stopped_exit(stopped, env={})[0] == 143  # no metadata server (off Google Cloud): not going
     for going, code in (("spot", 134), ("maintenance", 134), (None, 143)):
         with vm_metadata(going) as env:
-            assert stopped_exit(err.value, env=env)[0] == code, going
+            assert stopped_exit(stopped, env=env)[0] == code, going
     markers = tmp_path / "markers"  # torchrun stopping the ranks after another failed: no retry
     markers.mkdir()
     with vm_metadata("spot") as env:
-        assert stopped_exit(err.value, env={**env, "NLI_PREEMPTED_MARKERS": str(markers)})[0] == 143
+        assert stopped_exit(stopped, env={**env, "NLI_PREEMPTED_MARKERS": str(markers)})[0] == 143
 
 
 def test_sigterm_during_the_final_evaluation_checkpoints_the_last_step_and_finishes(tmp_path, tiny_model_dir):
@@ -93,8 +96,7 @@ def test_resume_refuses_edited_data_under_the_same_path(tmp_path, tiny_model_dir
     lines = SAMPLE_PATH.read_text().splitlines()
     data.write_text("\n".join(lines) + "\n")
     job = tmp_path / "job"
-    with pytest.raises(RunStopped):
-        run_training(cfg(job, tiny_model_dir, data=str(data)), callbacks=[SigtermAt(step=2)])
+    assert run_training(cfg(job, tiny_model_dir, data=str(data)), callbacks=[SigtermAt(step=2)]).stopped
     data.write_text("\n".join(lines[:-12]) + "\n")  # the file changed under its name
     with pytest.raises(NLIError, match=f"the training pairs under data='{data}'"):
         run_training(cfg(job, tiny_model_dir, data=str(data), resume_from_checkpoint="auto"))

@@ -54,10 +54,9 @@ import torch
 from nli_helpers import files
 from nli_helpers.config import QUIET_LOG_LEVELS, ConfigError, TrainConfig
 from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
-from nli_helpers.run import RunStopped
 from nli_helpers.task import Platform, command
 from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
-from nli_helpers.train import TrainCallback
+from nli_helpers.train import Stopped, TrainCallback
 
 DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
@@ -228,7 +227,7 @@ class HypertuneCallback(TrainCallback):
 
 
 # -- after a SIGTERM: the exit code Vertex AI reads ----------------------------------------------
-def stopped_exit(stopped: RunStopped, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+def stopped_exit(stopped: Stopped, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
     """`stopped_code`'s, once a checkpoint is saved; 143 (not retried) without one."""
     if stopped.checkpoint is None:
         return PERMANENT_STOP_EXIT_CODE, ", an exit Vertex AI does not retry"

@@ -75,7 +75,7 @@ def stopped_by_torchrun_after_a_failure(env: Mapping[str, str] = os.environ) -> 
 
 def exit_before_training(signum: int, frame=None) -> None:
     """The entry point's and the launcher's SIGTERM handler until training starts (then
-    `run.sigterm_requests`, or the launcher passing it on to torchrun, takes over). Without it the
+    `run.sigterm_times`, or the launcher passing it on to torchrun, takes over). Without it the
     imports and loading (seconds to minutes) die by the signal or, as a container's PID 1, ignore
     it until SIGKILL. Nothing is lost yet: exit at once, with the code a stopped run gives."""
     code, why = stopped_code()
