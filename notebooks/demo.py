@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         help="where the executed copies go (default: runs/demo-<time>)")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in [*args.notebooks, *args.params] if not path.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
     notebooks = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     out = args.out or NOTEBOOKS.parent / "runs" / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
