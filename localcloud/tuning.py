@@ -242,7 +242,8 @@ def _child_job(fake, job: FakeTuningJob, trial_id: str, params: list, metric_fil
     proto = CustomJob(display_name=f"{job.proto.display_name}-trial-{trial_id}", job_spec=spec,
                       name=f"{job.proto.name.split('/hyperparameterTuningJobs/')[0]}/customJobs/{next(fake._ids)}",
                       state=JobState.JOB_STATE_PENDING, create_time=now, update_time=now)
-    child = fake.jobs[proto.name] = rules.FakeJob(proto, {}, side_by_side=min(job.proto.parallel_trial_count, job.proto.max_trial_count))
+    side_by_side = min(job.proto.parallel_trial_count, job.proto.max_trial_count)  # trials that share the cores
+    child = fake.jobs[proto.name] = rules.FakeJob(proto, {}, side_by_side=side_by_side)
     job.children[trial_id] = child
     return child
 

@@ -137,13 +137,16 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
         if result.stopped is None:  # every rank has the same weights: one writes them
             dist.on_main_process(lambda: save_run(result, job_dir, root), info)
     since = f" {time.monotonic() - signalled[0]:.1f} s after the signal" if signalled else ""
-    if result.stopped is not None:
-        result.stopped.message = f"stopped by SIGTERM after step {result.stopped.step}" + (
-            f"; checkpoint saved to {result.stopped.checkpoint}{since}. Rerun with "
-            "--resume_from_checkpoint auto to continue" if result.stopped.checkpoint else
-            f"{since}, with no checkpoint to resume from (--save_total_limit "
-            f"{cfg.save_total_limit}): a restart would start from step 0. Keep checkpoints (the "
-            "default, 2) to make a stopped run resumable")
+    stopped = result.stopped
+    if stopped is not None and stopped.checkpoint:
+        stopped.message = (f"stopped by SIGTERM after step {stopped.step}; checkpoint saved to "
+                           f"{stopped.checkpoint}{since}. Rerun with --resume_from_checkpoint auto "
+                           "to continue")
+    elif stopped is not None:
+        stopped.message = (f"stopped by SIGTERM after step {stopped.step}{since}, with no "
+                           "checkpoint to resume from (--save_total_limit "
+                           f"{cfg.save_total_limit}): a restart would start from step 0. Keep "
+                           "checkpoints (the default, 2) to make a stopped run resumable")
     elif signalled and verbose:
         print(f"SIGTERM arrived during the final save{since}; the run was saved whole")
     return result

@@ -9,8 +9,8 @@ not (it only warns "Passed unknown parameter"), and the parameter files serve ev
 undeclared name would stand in a notebook's injected cell, unused. So each notebook gets the names
 its parameters cell declares (`papermill.inspect_notebook`), the later file winning as papermill's
 later `-f` does; that YAML is kept beside the executed copy. One process runs them all, as
-`papermill -f PARAMS NOTEBOOK OUT --cwd notebooks` would one by one: papermill's import (about
-2 s) is paid once, not once a notebook. It stops at the first notebook that fails, naming its cell.
+`papermill -f PARAMS NOTEBOOK OUT --cwd notebooks` would one by one: papermill's import is paid
+once, not once a notebook. It stops at the first notebook that fails, naming its cell.
 """
 
 from __future__ import annotations
@@ -28,12 +28,18 @@ import yaml
 NOTEBOOKS = Path(__file__).resolve().parent
 
 
-def declared(notebook: str | Path, param_files: list[str | Path]) -> dict:
-    names = papermill.inspect_notebook(str(notebook))
-    merged: dict = {}
+def merged(param_files: list[str | Path]) -> dict:
+    """The parameter files as one dict, a later file winning."""
+    values: dict = {}
     for path in param_files:
-        merged.update(yaml.safe_load(Path(path).read_text()) or {})
-    return {name: value for name, value in merged.items() if name in names}
+        values.update(yaml.safe_load(Path(path).read_text()) or {})
+    return values
+
+
+def declared(notebook: str | Path, values: dict) -> dict:
+    """The `values` whose names the notebook's parameters cell declares."""
+    names = papermill.inspect_notebook(str(notebook))
+    return {name: value for name, value in values.items() if name in names}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     notebooks = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     out = args.out or NOTEBOOKS.parent / "runs" / f"demo-{dt.datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
+    values = merged(args.params)
     logging.getLogger("papermill").setLevel(logging.ERROR)  # papermill's CLI --log-level ERROR
     for notebook in notebooks:
         start = time.monotonic()
         print(f"{notebook.name} ...", flush=True)
-        parameters = declared(notebook, args.params)
+        parameters = declared(notebook, values)
         (out / f"{notebook.stem}.yaml").write_text(yaml.safe_dump(parameters, sort_keys=False))
         try:
             papermill.execute_notebook(notebook, out / notebook.name, parameters=parameters,

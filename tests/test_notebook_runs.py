@@ -68,6 +68,7 @@ def test_make_demo_runs_each_notebook_with_papermill_given_only_its_parameters(t
     (tmp_path / "c.yaml").write_text("score: 2\n")
     failed = subprocess.run([*demo, str(tmp_path / "c.yaml"), "--out", str(tmp_path / "bad")],
                             capture_output=True, text=True)
+    # cell 3: papermill's injected parameters cell comes after the notebook's own
     assert failed.returncode == 1 and "failed in cell 3: AssertionError: score too high" in failed.stderr
     typo = subprocess.run([*demo, str(tmp_path / "smoke.yml")], capture_output=True, text=True)
-    assert typo.returncode == 2 and f"no such file: {tmp_path / 'smoke.yml'}" in typo.stderr  # 2: the injected parameters
+    assert typo.returncode == 2 and f"no such file: {tmp_path / 'smoke.yml'}" in typo.stderr

@@ -336,9 +336,9 @@ def test_every_job_the_notebooks_submit_runs_as_the_service_account_parameter():
 @pytest.mark.parametrize("params_file", PARAM_FILES, ids=[p.stem for p in PARAM_FILES])
 def test_make_demo_gives_each_notebook_only_the_parameters_it_declares(params_file):
     sys.path.insert(0, str(NOTEBOOK_DIR))
-    from demo import declared  # notebooks/demo.py, which make demo runs
+    from demo import declared, merged  # notebooks/demo.py, which make demo runs
 
-    given = {path.stem: declared(path, [params_file]) for path in NOTEBOOKS}
+    given = {path.stem: declared(path, merged([params_file])) for path in NOTEBOOKS}
     for path in NOTEBOOKS:
         assert set(given[path.stem]) <= set(parameters(path)), path.name
     names = set(yaml.safe_load(params_file.read_text()))
