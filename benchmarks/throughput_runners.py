@@ -151,6 +151,7 @@ def run_hf_trainer(spec: dict, model, tokenizer, tokenized, device) -> str:
 
 def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
     from nli_helpers.config import make_config
+    from nli_helpers.distributed import resolve_precision
     from nli_helpers.train import train
 
     # A fraction of an epoch that rounds up to exactly `steps` optimizer steps (compiled: the short last batch is
@@ -165,7 +166,8 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
                       num_train_epochs=(spec["steps"] - 0.5) / steps_per_epoch, seed=spec["seed"],
                       progress=False, logging_steps=every, **OVERRIDES)
     # Only the train split: held-out scoring is the harness's job, the same for every runner.
-    result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device)
+    result = train(cfg, model, tokenizer, {"train": tokenized["train"]}, device=device,
+                   precision=resolve_precision(cfg.precision, device))
     assert result.metrics["train"]["steps"] == spec["steps"], result.metrics["train"]
     COMPILE.update(result.metrics["train"].get("compile", {}))
     rows = result.history  # the mean of each window, as Trainer logs it

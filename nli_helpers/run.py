@@ -108,7 +108,7 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     splits = load_nli_splits(cfg.data or "sample", eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                              max_train_samples=cfg.max_train_samples,
                              max_eval_samples=cfg.max_eval_samples)
-    set_seed(cfg.seed)  # the classifier head is initialised in the next line
+    set_seed(cfg.seed)  # once a run: the classifier head (next line), then the loop's dropout
     name = cfg.model_name_or_path or "minilm-l6"
     model, tokenizer = load_model_and_tokenizer(name)
     check_model_fits(model, tokenizer, cfg.max_seq_length, name)
@@ -131,9 +131,9 @@ def _train_and_save(cfg: TrainConfig, job_dir: str, root: str, info, callbacks,
     # after the loop must not kill the final save half-way: the save is seconds long and finishes
     # within the platform's grace period, so the run ends whole.
     with sigterm_times(exit_on_sigterm) as signalled:
-        result = train(cfg, model, tokenizer, tokenized, device=device, info=info,
-                       callbacks=callbacks, checkpoint_root=root, resume_from=resume_from,
-                       should_stop=lambda: bool(signalled))
+        result = train(cfg, model, tokenizer, tokenized, device=device, precision=precision,
+                       info=info, callbacks=callbacks, checkpoint_root=root,
+                       resume_from=resume_from, should_stop=lambda: bool(signalled))
         if result.stopped is None:  # every rank has the same weights: one writes them
             dist.on_main_process(lambda: save_run(result, job_dir, root), info)
     since = f" {time.monotonic() - signalled[0]:.1f} s after the signal" if signalled else ""

@@ -1,6 +1,6 @@
 """The training loop, in one function you can read top to bottom: `train`.
 
-    >>> result = train(cfg, model, tokenizer, tokenized)  # {"train": ..., "validation_...": ...}
+    >>> result = train(cfg, model, tokenizer, tokenized, device=device, precision="bf16")
 
 AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, or fp16 with
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers import get_linear_schedule_with_warmup
 
 from . import distributed as dist
 from . import step
@@ -68,19 +68,17 @@ class Stopped:
     message: str = ""
 
 
-def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device | None = None,
+def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device, precision: str,
           info: dist.DistInfo = dist.SINGLE_PROCESS, callbacks: Sequence[TrainCallback] = (),
           checkpoint_root: str | None = None, resume_from: str | None = None,
           clock: Callable[[], float] = time.monotonic,
           should_stop: Callable[[], bool] = lambda: False) -> TrainResult:
-    """Fine-tune `model` on `tokenized["train"]`, evaluating on every other split. Checkpoints go
-    under `checkpoint_root`: at each epoch end, every `cfg.save_steps` steps, and once
-    `cfg.checkpoint_every_minutes` have passed on `clock`. When `should_stop()` (a SIGTERM, in
+    """Fine-tune `model` on `device` in `precision` (`dist.resolve_precision`'s), evaluating on
+    every other split; the caller seeded the RNG before loading the model (`run._train_and_save`).
+    Checkpoints go under `checkpoint_root`: at each epoch end, every `cfg.save_steps` steps, and
+    once `cfg.checkpoint_every_minutes` have passed on `clock`. When `should_stop()` (a SIGTERM, in
     `run`) turns true, the loop checkpoints and returns with `result.stopped` set, no metrics.
     `resume_from` continues a checkpoint."""
-    device = device or dist.device_for(info)
-    precision = dist.resolve_precision(cfg.precision, device)
-    set_seed(cfg.seed)
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg) if info.enabled else model
     if cfg.torch_compile:  # imported only here: dynamo and inductor load for a compiled run only

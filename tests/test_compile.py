@@ -36,7 +36,8 @@ def run(tiny_model_dir, compile: bool, max_length: int, callbacks=(), per_device
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     tokenized = tokenize_splits(load_nli_splits("sample", max_train_samples=60, max_eval_samples=16), tokenizer,
                                  max_length)
-    result = train.train(cfg, model, tokenizer, tokenized, device=torch.device(device), callbacks=callbacks)
+    result = train.train(cfg, model, tokenizer, tokenized, device=torch.device(device), precision="fp32",
+                         callbacks=callbacks)
     result.tokenized_train = tokenized["train"]
     return result
 

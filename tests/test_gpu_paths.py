@@ -108,12 +108,11 @@ def test_the_gpu_guard_reads_the_rest_spelling_of_the_job_and_says_when_it_canno
 
 
 # -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
-def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_model_dir):
-    from nli_helpers import distributed, train
+def test_a_skipped_fp16_step_does_not_advance_the_schedule(tiny_model_dir):
+    from nli_helpers import train
     from nli_helpers.data import load_nli_splits, tokenize_splits
     from nli_helpers.model import load_model_and_tokenizer
 
-    monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: "fp16")  # CPU autocast has fp16
     cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=1, per_device_train_batch_size=8,
                       max_train_samples=64, max_eval_samples=16, logging_steps=1, warmup_ratio=0.25, progress=False,
                       save_total_limit=0)
@@ -127,7 +126,8 @@ def test_a_skipped_fp16_step_does_not_advance_the_schedule(monkeypatch, tiny_mod
             calls = []
             param = next(model.parameters())
             param.register_hook(lambda g: (calls.append(1), g * float("inf") if len(calls) == 1 else g)[1])
-        return train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"))
+        return train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"),
+                           precision="fp16")  # CPU autocast has fp16
 
     clean, skipped = run(False), run(True)
     assert clean.metrics["train"]["skipped_steps"] == 0 and skipped.metrics["train"]["skipped_steps"] == 1
@@ -342,19 +342,18 @@ class ScalarReads(TorchDispatchMode):
 
 @pytest.mark.parametrize("precision, attention", [("fp32", "sdpa"), ("bf16", "sdpa"), ("fp16", "sdpa"),
                                                   ("fp32", "eager")])
-def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_model_dir, precision, attention):
+def test_a_training_step_reads_no_tensor_but_the_named_ones(tiny_model_dir, precision, attention):
     """transformers' `padding_mask.all()` (one a forward) and GradScaler.get_scale (two an fp16 step) read tensors
     into Python; a step now passes a mask the model takes as it is and compares the loss scale once. Left: the fp16
     step's skipped-step check (find_syncs.NAMED), and once an epoch on the CPU, outside any step: the DataLoader
     drawing its epoch's seed, and the length-grouped order choosing its longest batch."""
-    from nli_helpers import distributed, train
+    from nli_helpers import train
     from nli_helpers.data import load_nli_splits, tokenize_splits
     from nli_helpers.model import load_model_and_tokenizer
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from find_syncs import NAMED
 
-    monkeypatch.setattr(distributed, "resolve_precision", lambda requested, device: precision)
     cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=2, per_device_train_batch_size=8,
                       max_train_samples=96, max_eval_samples=16, logging_steps=100, progress=False,
                       save_total_limit=0)
@@ -363,7 +362,7 @@ def test_a_training_step_reads_no_tensor_but_the_named_ones(monkeypatch, tiny_mo
     tokenized = tokenize_splits(load_nli_splits("sample", max_train_samples=96, max_eval_samples=16), tokenizer, 64)
     reads = ScalarReads()
     with reads:
-        result = train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"))
+        result = train.train(cfg, model, tokenizer, tokenized, device=torch.device("cpu"), precision=precision)
     steps = result.metrics["train"]["steps"]
     assert steps == 24 and result.metrics["train"]["final_loss"] < 1.2
     assert reads.sites.pop("train", 0) == cfg.num_train_epochs, "the epoch seed, drawn once an epoch on the CPU"

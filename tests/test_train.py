@@ -177,7 +177,8 @@ def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_pat
         model, tokenizer = load_model_and_tokenizer(tiny_model())
         extra = {"clock": clock, "callbacks": [clock]} if clock else {}
         result = train(cfg, model, tokenizer, tokenize_splits(splits, tokenizer, cfg.max_seq_length),
-                       checkpoint_root=str(tmp_path / name), resume_from=resume_from, **extra)
+                       device=torch.device("cpu"), precision="fp32", checkpoint_root=str(tmp_path / name),
+                       resume_from=resume_from, **extra)
         return [(row["step"], row["loss"]) for row in result.history], result.metrics
 
     timed, timed_metrics = run("timed", clock=StepMinutes(), checkpoint_every_minutes=2)
