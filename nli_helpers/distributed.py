@@ -16,6 +16,7 @@ import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -207,19 +208,57 @@ class NoGPUError(NLIError):
     """A run that needs a CUDA GPU found none."""
 
 
-def check_accelerator(cfg: TrainConfig) -> None:
-    """Stop before anything loads when a run that needs a GPU has none (`cfg.reference_recipe`),
-    or when a GPU-only option meets a CPU. `nli_helpers.vertex.entry` adds a replica's own check."""
+def check_accelerator(cfg: TrainConfig, asked: str | None = None) -> None:
+    """The GPU guard, before anything loads: a GPU-only option on a CPU; a GPU this torch has no
+    kernels for (it would fail at the first step); no GPU where the run needs one: the reference
+    recipe, or `asked`, the GPUs a Vertex AI replica's pool asked for (`vertex.entry`). --allow-cpu
+    or NLI_ALLOW_CPU=1 lets the last two pass."""
     if cfg.ddp_bf16_compress and not torch.cuda.is_available():
         raise ConfigError("ddp_bf16_compress needs CUDA GPUs: torch's bf16 all-reduce hook runs on "
                           "NCCL only, and gloo on a CPU has none. Leave it off here (gradients "
                           "then travel in fp32)")
-    # A GPU this torch has no kernels for: torch warns itself at the first CUDA call.
-    if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1" or torch.cuda.is_available():
+    if cfg.allow_cpu or os.environ.get(ALLOW_CPU_ENV) == "1":
         return
-    if cfg.reference_recipe:
+    if torch.cuda.is_available():
+        problem = gpu_kernel_problem(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
+        if problem:
+            raise NoGPUError(problem)
+    elif asked:
+        raise NoGPUError(f"this Vertex AI replica asked for {asked}, but torch sees no CUDA GPU: "
+                         f"{why_no_cuda()}. The job would train on the CPU at the GPU's price: fix "
+                         "the image (docker/README.md) or the accelerator spec, or pass "
+                         "--allow-cpu to run on the CPU anyway")
+    elif cfg.reference_recipe:
         raise NoGPUError(f"profile full trains roberta-base on 393k pairs, which needs a CUDA GPU, "
-                         f"and torch {torch.__version__} sees none here (nvidia-smi shows the "
-                         "driver and the GPUs). Run it on a GPU machine (a Workbench GPU instance, "
-                         "or a Vertex AI job: notebook 04), use --profile smoke on this CPU, or "
-                         "pass --allow-cpu to train the full recipe on the CPU anyway (days)")
+                         f"and torch sees none here: {why_no_cuda()}. Run it on a GPU machine (a "
+                         "Workbench GPU instance, or a Vertex AI job: notebook 04), use --profile "
+                         "smoke on this CPU, or pass --allow-cpu to train the full recipe on the "
+                         "CPU anyway (days)")
+
+
+def why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return f"this torch is a CPU-only build ({torch.__version__})"
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: "
+                "docker run --gpus all)")
+    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA "
+            f"{torch.version.cuda} needs, or not on LD_LIBRARY_PATH (Vertex mounts it under "
+            "/usr/local/nvidia/lib64)? nvidia-smi shows the driver")
+
+
+def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
+    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is
+    torch.cuda.get_arch_list(): a cubin for X.y runs on X.z, z >= y; PTX on any newer GPU."""
+    def version(arch: str, prefix: str) -> tuple[int, int] | None:
+        digits = arch.removeprefix(prefix)
+        return (int(digits[:-1]), int(digits[-1])) if arch.startswith(prefix) and \
+            digits.isdigit() else None
+
+    if any((v := version(a, "sm_")) and v[0] == capability[0] and v[1] <= capability[1]
+           or (v := version(a, "compute_")) and v <= capability for a in arch_list):
+        return None
+    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
+            f"{', '.join(arch_list)} but the GPU is compute capability "
+            f"{capability[0]}.{capability[1]}: install a torch CUDA build that covers it "
+            "(docker/README.md, the table of builds)")

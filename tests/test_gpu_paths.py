@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nli_helpers import distributed
 from nli_helpers.config import ConfigError, make_config
+from nli_helpers.vertex.environment import ClusterSpec
 from tests.helpers import ROOT, VERTEX_ENTRY, free_port, run_task
 
 CUDA = torch.device("cuda", 0)
@@ -85,7 +86,7 @@ def test_a_vertex_replica_that_asked_for_gpus_refuses_to_train_on_the_cpu(tmp_pa
             "--max_train_samples", "16", "--overwrite_output_dir", "--output_dir", str(tmp_path / "job"))
     proc = run_task(*args, env=env, module=VERTEX_ENTRY)
     assert proc.returncode == 2 and "asked for 1 x NVIDIA_L4, but torch sees no CUDA GPU" in proc.stderr
-    assert replica_gpus(json.dumps({**spec, "job": json.dumps(spec["job"])})) == ("NVIDIA_L4", 1)
+    assert replica_gpus(ClusterSpec.parse(json.dumps({**spec, "job": json.dumps(spec["job"])}))) == "1 x NVIDIA_L4"
     assert run_task(*args, env=env).returncode == 0  # the trainer command itself knows nothing of Vertex
     forced = run_task(*args, "--allow-cpu", env=env, module=VERTEX_ENTRY)
     assert forced.returncode == 0, forced.stderr[-2000:]
@@ -99,10 +100,11 @@ def test_the_gpu_guard_reads_the_rest_spelling_of_the_job_and_says_when_it_canno
     pools = [{"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1"},
              {"machineSpec": {"machineType": "a2-highgpu-2g", "acceleratorType": "NVIDIA_TESLA_A100",
                               "acceleratorCount": 2}, "replicaCount": "1"}]
-    assert replica_gpus(json.dumps({**task, "job": {"workerPoolSpecs": pools}})) == ("NVIDIA_TESLA_A100", 2)
-    assert replica_gpus(json.dumps({**task, "job": json.dumps({"workerPoolSpecs": pools})})) == ("NVIDIA_TESLA_A100", 2)
+    assert replica_gpus(ClusterSpec.parse({**task, "job": {"workerPoolSpecs": pools}})) == "2 x NVIDIA_TESLA_A100"
+    assert replica_gpus(ClusterSpec.parse({**task, "job": json.dumps({"workerPoolSpecs": pools})})) == \
+        "2 x NVIDIA_TESLA_A100"
     assert capsys.readouterr().err == ""
-    assert replica_gpus(json.dumps({**task, "job": {"pools": pools}})) is None
+    assert replica_gpus(ClusterSpec.parse({**task, "job": {"pools": pools}})) is None
     assert "cannot read this replica's GPUs from CLUSTER_SPEC's job (KeyError" in capsys.readouterr().err
     assert replica_gpus(None) is None and capsys.readouterr().err == ""  # not on Vertex AI: nothing to say
 

@@ -8,7 +8,8 @@ from google.auth.credentials import AnonymousCredentials
 
 from nli_helpers import vertex
 from nli_helpers.config import make_config
-from nli_helpers.vertex import Machine, entry, pricing
+from nli_helpers.distributed import gpu_kernel_problem
+from nli_helpers.vertex import Machine, pricing
 
 pytest_plugins = ["tests.fake_vertex"]
 
@@ -77,7 +78,7 @@ def test_preflight_passes_the_default_image_on_an_l4_and_warns_what_it_cannot_kn
     (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"], (12, 1), True),  # PTX
 ])
 def test_the_trainer_refuses_a_gpu_its_torch_has_no_kernels_for(arch_list, capability, runs):
-    problem = entry.gpu_kernel_problem(arch_list, capability)
+    problem = gpu_kernel_problem(arch_list, capability)
     assert (problem is None) == runs
     if not runs:
         assert f"the GPU is compute capability {capability[0]}.{capability[1]}" in problem

@@ -35,7 +35,8 @@ def trial_run(tmp_path_factory, tiny_model_dir):
         mp.setenv("CLOUD_ML_TRIAL_ID", TRIAL_ID)
         mp.setenv("CLOUD_ML_HP_METRIC_FILE", str(metric_file))
         mp.delenv("AIP_TENSORBOARD_LOG_DIR", raising=False)
-        result = run_training(entry.configure(cfg), verbose=False, callbacks=entry.callbacks(cfg))
+        trial = entry.configure(cfg)  # what the entry point does: its defaults, then its callbacks
+        result = run_training(trial, verbose=False, callbacks=entry.callbacks(trial))
     return result, metric_file, tmp / "job" / f"trial-{TRIAL_ID}"  # a trial's own folder under --output_dir
 
 
@@ -100,22 +101,24 @@ def test_default_callbacks_follow_the_config_and_the_environment(tmp_path, monke
     # A trial known by CLUSTER_SPEC's task.trial alone (Vertex AI's distributed-training page) still reports.
     spec = {"cluster": {"workerpool0": ["workerpool0-0:2222"]}, "environment": "cloud",
             "task": {"type": "workerpool0", "index": 0, "trial": "3"}}
-    [report] = entry.callbacks(cfg, env={"CLUSTER_SPEC": json.dumps(spec)})
+    env = {"CLUSTER_SPEC": json.dumps(spec)}
+    [report] = entry.callbacks(entry.configure(cfg, env), env)
     assert isinstance(report, HypertuneCallback) and report.metric == "validation_matched_accuracy"
-    assert entry.callbacks(cfg, env={"CLUSTER_SPEC": json.dumps({**spec, "task": {"type": "workerpool0"}})}) == []
+    env = {"CLUSTER_SPEC": json.dumps({**spec, "task": {"type": "workerpool0"}})}
+    assert entry.callbacks(entry.configure(cfg, env), env) == []
 
     env = {"CLOUD_ML_TRIAL_ID": "2", "AIP_TENSORBOARD_LOG_DIR": "gs://b/hp/2/logs/",
            "CLOUD_ML_HP_METRIC_TAG": "validation_mismatched_accuracy", "CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m")}
     for name, value in env.items():  # a trial's environment, which cloudml-hypertune reads
         monkeypatch.setenv(name, value)
-    board, report = entry.callbacks(cfg)
+    board, report = entry.callbacks(entry.configure(cfg))
     assert default_callbacks(reporting, "gs://b/hp/2/model/", given=[board, report]) == []  # Vertex AI's log dir wins
     assert board.log_dir == "gs://b/hp/2/logs/" and board.remote
     assert report.metric == "validation_mismatched_accuracy" and report.reporter.trial_id == "2"
     assert report.path == tmp_path / "m"
 
     asked = make_config("smoke", tuning_metric="validation_matched_macro_f1")
-    _, report = entry.callbacks(asked)
+    _, report = entry.callbacks(entry.configure(asked))
     assert (report.split, report.score) == ("validation_matched", "macro_f1")  # the config wins over the tag
 
 

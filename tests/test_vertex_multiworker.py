@@ -20,6 +20,7 @@ from nli_helpers import vertex
 from nli_helpers.config import make_config
 from nli_helpers.vertex import Machine, ReductionServer, launch, pricing
 from nli_helpers.vertex.entry import replica_gpus
+from nli_helpers.vertex.environment import ClusterSpec
 from nli_helpers.vertex.launch import cluster_layout, torchrun_command
 from tests.tiny_model import tiny_model
 
@@ -110,8 +111,8 @@ def test_cluster_spec_of_every_replica_gives_distinct_node_ranks(fake_vertex, gc
     job_spec = json.loads(cluster_spec(proto, "workerpool1-0", hosts))["job"]
     assert job_spec["workerPoolSpecs"][1]["machineSpec"] == {"machineType": "g2-standard-24",
                                                              "acceleratorType": "NVIDIA_L4", "acceleratorCount": 2}
-    assert replica_gpus(cluster_spec(proto, "workerpool1-0", hosts)) == ("NVIDIA_L4", 2)
-    assert replica_gpus(cluster_spec(proto, "workerpool2-0", hosts)) is None  # reducers have none
+    assert replica_gpus(ClusterSpec.parse(cluster_spec(proto, "workerpool1-0", hosts))) == "2 x NVIDIA_L4"
+    assert replica_gpus(ClusterSpec.parse(cluster_spec(proto, "workerpool2-0", hosts))) is None  # reducers: none
     chief_host = hosts["workerpool0-0"].split(":")[0]
     training = [layouts[n] for n in names[:4]]
     assert [(lay.role, lay.node_rank) for lay in training] == [("chief", 0), ("worker", 1), ("worker", 2), ("worker", 3)]

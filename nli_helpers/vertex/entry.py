@@ -34,6 +34,7 @@ from .environment import (
     RESTARTABLE_EXIT_CODE,
     TENSORBOARD_ENV,
     TRIAL_ID_ENV,
+    ClusterSpec,
     exit_before_training,
     stopped_by_torchrun_after_a_failure,
     stopped_code,
@@ -44,16 +45,13 @@ if __name__ == "__main__":  # first thing: the imports below take seconds
 
 import dataclasses  # the trainer's imports, after the handler (pyproject.toml: E402 here)
 import functools
-import json
-import re
 import sys
 
 import hypertune
-import torch
 
 from nli_helpers import files
 from nli_helpers.config import QUIET_LOG_LEVELS, ConfigError, TrainConfig
-from nli_helpers.distributed import ALLOW_CPU_ENV, NoGPUError
+from nli_helpers.distributed import check_accelerator
 from nli_helpers.task import Platform, command
 from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
 from nli_helpers.train import Stopped, TrainCallback
@@ -63,15 +61,20 @@ DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
 # -- before the run: defaults from the environment, and the replica's GPUs ---------------
 def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainConfig:
-    """The flags, with what Vertex AI's environment gives where they left a field unset."""
-    check_replica_gpus(cfg, env)
+    """The flags, with what Vertex AI's environment gives where they left a field unset; stops a
+    replica without the GPUs its pool asked for (`distributed.check_accelerator`)."""
+    spec = ClusterSpec.parse(env.get(CLUSTER_SPEC_ENV))
+    check_accelerator(cfg, asked=replica_gpus(spec))
     checkpoints = env.get(CHECKPOINT_DIR_ENV)
     quiet = cfg.log_level in QUIET_LOG_LEVELS
-    trial = trial_id(env)
+    # A tuning trial: CLOUD_ML_TRIAL_ID (cloudml-hypertune reads it), or CLUSTER_SPEC's task.trial.
+    trial = env.get(TRIAL_ID_ENV) or (spec and spec.trial)
     if trial:  # Vertex AI gives each trial its own AIP_* folders; a folder the args name is shared
         own = {name: files.join(folder, f"trial-{trial}")
                for name in ("output_dir", "checkpoint_dir") if (folder := getattr(cfg, name))}
-        cfg = dataclasses.replace(cfg, **own)
+        # It reports the metric the flags name, else the legacy tag's, else the default.
+        cfg = dataclasses.replace(cfg, **own, tuning_metric=cfg.tuning_metric or env.get(
+            METRIC_TAG_ENV) or DEFAULT_HYPERTUNE_METRIC)
         if own and env.get("RANK", "0") == "0" and not quiet:
             print(f"tuning trial {trial}: " + ", ".join(f"--{k} {v}" for k, v in own.items())
                   + " (parallel trials never share a folder)")
@@ -86,100 +89,33 @@ def configure(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> TrainCon
     return cfg
 
 
-def replica_gpus(cluster_spec: str | None) -> tuple[str, int] | None:
-    """(GPU type, count) this replica's worker pool asked for, None elsewhere. CLUSTER_SPEC's `job`
-    is "The CustomJobSpec that you provided to create the current training job, represented as a
-    dictionary" (https://cloud.google.com/vertex-ai/docs/training/distributed-training, "The format
-    of CLUSTER_SPEC"), in a spelling the page does not give: the REST API's (workerPoolSpecs,
-    machineSpec, acceleratorCount) is read as the Python SDK's (worker_pool_specs, ...). One it
-    cannot read turns the guard off, and says so."""
-    def snake(d: dict) -> dict:  # acceleratorCount -> accelerator_count
-        return {re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower(): v for k, v in d.items()}
-
-    if not cluster_spec:
+def replica_gpus(spec: ClusterSpec | None) -> str | None:
+    """The GPUs ("1 x NVIDIA_L4") this replica's worker pool asked for in CLUSTER_SPEC's job, None
+    off Vertex AI or without GPUs. A job it cannot read turns the guard off, and says so."""
+    if spec is None:
         return None
     try:
-        spec = json.loads(cluster_spec, object_hook=snake)
-        job = spec["job"]
-        job = json.loads(job, object_hook=snake) if isinstance(job, str) else job
-        pool = job["worker_pool_specs"][int(spec["task"]["type"].removeprefix("workerpool"))]
-        count = int(pool["machine_spec"].get("accelerator_count") or 0)
+        machine = spec.job["worker_pool_specs"][int(spec.pool.removeprefix("workerpool"))]
+        machine = machine["machine_spec"]
+        count = int(machine.get("accelerator_count") or 0)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         print(f"warning: cannot read this replica's GPUs from CLUSTER_SPEC's job "
               f"({type(e).__name__}: {e}), so a replica that sees no GPU is not stopped",
               file=sys.stderr)
         return None
-    return (pool["machine_spec"].get("accelerator_type", "GPU"), count) if count else None
-
-
-def check_replica_gpus(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> None:
-    """A replica that asked for GPUs and sees none would train on the CPU at the GPU's price; one
-    whose torch has no kernels for its GPU would fail at the first step, after the data loaded."""
-    if cfg.allow_cpu or env.get(ALLOW_CPU_ENV) == "1":
-        return
-    if torch.cuda.is_available():
-        problem = gpu_kernel_problem(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())
-        if problem:
-            raise NoGPUError(problem)
-        return
-    asked = replica_gpus(env.get(CLUSTER_SPEC_ENV))
-    if not asked:
-        return
-    raise NoGPUError(f"this Vertex AI replica asked for {asked[1]} x {asked[0]}, but torch sees "
-                     f"no CUDA GPU: {why_no_cuda()}. The job would train on the CPU at the GPU's "
-                     "price: fix the image (docker/README.md) or the accelerator spec, or pass "
-                     "--allow-cpu to run on the CPU anyway")
-
-
-def why_no_cuda() -> str:
-    if torch.version.cuda is None:
-        return f"this torch is a CPU-only build ({torch.__version__})"
-    if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return ("no NVIDIA device is visible to this process (no /dev/nvidia*; in a container: "
-                "docker run --gpus all)")
-    return (f"CUDA failed to initialise: is the NVIDIA driver older than this torch's CUDA "
-            f"{torch.version.cuda} needs, or not on LD_LIBRARY_PATH (Vertex mounts it under "
-            "/usr/local/nvidia/lib64)? nvidia-smi shows the driver")
-
-
-def gpu_kernel_problem(arch_list: list[str], capability: tuple[int, int]) -> str | None:
-    """Why this torch has no kernels for a GPU of `capability`, or None. `arch_list` is
-    torch.cuda.get_arch_list(): a cubin for X.y runs on X.z, z >= y; PTX on any newer GPU."""
-    def version(arch: str, prefix: str) -> tuple[int, int] | None:
-        digits = arch.removeprefix(prefix)
-        return (int(digits[:-1]), int(digits[-1])) if arch.startswith(prefix) and \
-            digits.isdigit() else None
-
-    if any((v := version(a, "sm_")) and v[0] == capability[0] and v[1] <= capability[1]
-           or (v := version(a, "compute_")) and v <= capability for a in arch_list):
-        return None
-    return (f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
-            f"{', '.join(arch_list)} but the GPU is compute capability "
-            f"{capability[0]}.{capability[1]}: install a torch CUDA build that covers it "
-            "(docker/README.md, the table of builds)")
+    return f"{count} x {machine.get('accelerator_type', 'GPU')}" if count else None
 
 
 # -- during the run: Vertex AI's observers ---------------------------------------------------------
 def callbacks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> list[TrainCallback]:
-    """TensorBoard where Vertex AI reads it, and a tuning trial's metric report."""
+    """TensorBoard where Vertex AI reads it, and the tuning metric's report (`configure` sets it
+    in a trial)."""
     out: list[TrainCallback] = []
     if env.get(TENSORBOARD_ENV):
         out.append(TensorBoardCallback(env[TENSORBOARD_ENV]))
-    if cfg.tuning_metric or trial_id(env):  # else the legacy tag, else the default
-        out.append(HypertuneCallback(cfg.tuning_metric or env.get(METRIC_TAG_ENV)
-                                     or DEFAULT_HYPERTUNE_METRIC))
+    if cfg.tuning_metric:
+        out.append(HypertuneCallback(cfg.tuning_metric))
     return out
-
-
-def trial_id(env: Mapping[str, str] = os.environ) -> str | None:
-    """This tuning trial's id: CLOUD_ML_TRIAL_ID, which cloudml-hypertune reads, or CLUSTER_SPEC's
-    `task.trial`, "only set if the current training job is a hyperparameter tuning job"
-    (https://cloud.google.com/vertex-ai/docs/training/distributed-training, CLUSTER_SPEC)."""
-    try:
-        trial = json.loads(env.get(CLUSTER_SPEC_ENV) or "{}").get("task", {}).get("trial")
-    except (ValueError, AttributeError):
-        trial = None
-    return env.get(TRIAL_ID_ENV) or (str(trial) if trial else None)
 
 
 def parse_hypertune_metric(metric: str) -> tuple[str, str]:

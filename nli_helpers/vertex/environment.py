@@ -1,6 +1,7 @@
-"""Vertex AI's contract with a custom training container, spelled once: the environment it sets,
-the exit codes it retries, the marker file that carries the launcher's SIGTERM through torchrun,
-and whether the VM is going. No torch, so the launcher reads it at start-up.
+"""Vertex AI's contract with a custom training container, spelled once: the environment it sets
+(CLUSTER_SPEC read into one object), the exit codes it retries, the marker file that carries the
+launcher's SIGTERM through torchrun, and whether the VM is going. No torch, so the launcher reads
+it at start-up.
 
 Sources: "Prepare training code" (https://cloud.google.com/vertex-ai/docs/training/
 code-requirements) for AIP_*; "Use Vertex AI TensorBoard with custom training"
@@ -11,9 +12,16 @@ for the exit codes; "Use Spot VMs" (https://docs.cloud.google.com/vertex-ai/docs
 use-spot-vms) for a preempted job's restarts.
 """
 
+from __future__ import annotations
+
+import json
 import os
+import re
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nli_helpers.config import NLIError
 
 MODEL_DIR_ENV = "AIP_MODEL_DIR"  # base_output_dir/model: the run folder
 CHECKPOINT_DIR_ENV = "AIP_CHECKPOINT_DIR"  # base_output_dir/checkpoints: set, a restart resumes
@@ -21,6 +29,49 @@ TENSORBOARD_ENV = "AIP_TENSORBOARD_LOG_DIR"  # base_output_dir/logs: what Vertex
 TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"  # set in a hyperparameter tuning trial
 METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"  # the legacy AI Platform name of the metric to report
 CLUSTER_SPEC_ENV = "CLUSTER_SPEC"  # the worker pools and this replica's place among them
+
+
+
+class ClusterSpecError(NLIError):
+    """CLUSTER_SPEC is not what Vertex AI sets."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """CLUSTER_SPEC, read once for all its readers (the launcher's nodes, a tuning trial's id, the
+    replica's GPUs): {"cluster": {"workerpool0": ["host:port"], ...}, "task": {"type":
+    "workerpool1", "index": 0, "trial": ...}, "job": the CustomJobSpec} ("Distributed training",
+    "The format of CLUSTER_SPEC"). `task.trial` is "only set if the current training job is a
+    hyperparameter tuning job". The page shows `job` as a dictionary in no given spelling: the
+    REST API's camelCase (workerPoolSpecs) is read as the Python SDK's snake_case."""
+
+    cluster: dict[str, list[str]]  # worker pool -> its replicas' host:port
+    pool: str  # this replica's: workerpool0 (the chief), 1 (workers), 2 (Reduction Server)
+    index: int
+    trial: str | None
+    job: dict
+
+    @classmethod
+    def parse(cls, spec: str | dict | None) -> ClusterSpec | None:
+        """The environment's JSON (or the same as a dict); None off Vertex AI."""
+        def snake(d: dict) -> dict:  # acceleratorCount -> accelerator_count
+            return {re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", k).lower(): v for k, v in d.items()}
+
+        if not spec:
+            return None
+        try:
+            spec = json.loads(spec if isinstance(spec, str) else json.dumps(spec),
+                              object_hook=snake)
+            job = spec.get("job") or {}
+            task = spec["task"]
+            return cls(spec.get("cluster", {}), task["type"], int(task.get("index", 0)),
+                       str(task["trial"]) if task.get("trial") else None,
+                       json.loads(job, object_hook=snake) if isinstance(job, str) else job)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ClusterSpecError(f"CLUSTER_SPEC is malformed ({type(e).__name__}: {e}); "
+                                   'expected {"cluster": {"workerpool0": ["host:port"], ...}, '
+                                   '"task": {"type": ..., "index": ...}}') from e
+
 
 # In a custom container Vertex AI restarts a job (up to three times) after exit 134 or 139 only,
 # and restarts a job whose VM was preempted (Spot) or maintained on its own, whatever the exit

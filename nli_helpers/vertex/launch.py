@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
-import json
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from .environment import (
     CLUSTER_SPEC_ENV,
     LAUNCHER_SIGTERM,
     PREEMPTED_MARKERS_ENV,
+    ClusterSpec,
+    ClusterSpecError,
     exit_before_training,
     stopped_code,
 )
@@ -40,10 +42,6 @@ ENTRY_MODULE = "nli_helpers.vertex.entry"  # what torchrun starts on every proce
 SHUTDOWN_TIMEOUT_S = 300
 REDUCTION_SERVER_POOL = "workerpool2"
 DEFAULT_MASTER_PORT = 29500
-
-
-class ClusterSpecError(NLIError):
-    """CLUSTER_SPEC is not what Vertex AI sets."""
 
 
 @dataclass(frozen=True)
@@ -59,34 +57,25 @@ class ClusterLayout:
 
 
 def cluster_layout(cluster_spec: str | dict | None = None,
-                   env: dict | None = None) -> ClusterLayout:
-    """nnodes / node rank / master from Vertex's CLUSTER_SPEC (a single node without it).
-
-    CLUSTER_SPEC is {"cluster": {"workerpool0": ["host:port"], "workerpool1": [...], ...},
-    "task": {"type": "workerpool1", "index": 0}}. Training nodes are the chief (pool 0), then the
-    workers (pool 1); Reduction Server replicas (pool 2) run Google's image, not torch.
-    """
-    env = os.environ if env is None else env
-    spec = cluster_spec if cluster_spec is not None else env.get(CLUSTER_SPEC_ENV)
-    if not spec:
+                   env: Mapping[str, str] = os.environ) -> ClusterLayout:
+    """nnodes / node rank / master from Vertex's CLUSTER_SPEC (`cluster_spec`, else the
+    environment's; a single node without one). Training nodes are the chief (pool 0), then the
+    workers (pool 1); Reduction Server replicas (pool 2) run Google's image, not torch."""
+    spec = ClusterSpec.parse(cluster_spec or env.get(CLUSTER_SPEC_ENV))
+    if spec is None:
         return ClusterLayout(1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
                              int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT)), "chief")
-    try:
-        spec = json.loads(spec) if isinstance(spec, str) else spec
-        cluster, task = spec["cluster"], spec["task"]
-        pool, index = task["type"], int(task.get("index", 0))
-        chief = cluster["workerpool0"][0]
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise ClusterSpecError(f"CLUSTER_SPEC is malformed ({type(e).__name__}: {e}); expected "
-                               '{"cluster": {"workerpool0": ["host:port"], ...}, '
-                               '"task": {"type": ..., "index": ...}}') from e
+    if not spec.cluster.get("workerpool0"):
+        raise ClusterSpecError("CLUSTER_SPEC is malformed: its cluster has no workerpool0 (the "
+                               "chief), whose address every node meets at")
+    chief = spec.cluster["workerpool0"][0]
     host, _, port = chief.rpartition(":") if ":" in chief else (chief, "", "")
-    workers = len(cluster.get("workerpool1", []))
     role = {"workerpool0": "chief", "workerpool1": "worker",
-            REDUCTION_SERVER_POOL: "reduction_server"}.get(pool, "evaluator")
-    node_rank = {"workerpool0": 0, "workerpool1": index + 1}.get(pool, -1)
-    return ClusterLayout(1 + workers, node_rank, host, int(port or DEFAULT_MASTER_PORT), role,
-                         len(cluster.get(REDUCTION_SERVER_POOL, [])))
+            REDUCTION_SERVER_POOL: "reduction_server"}.get(spec.pool, "evaluator")
+    node_rank = {"workerpool0": 0, "workerpool1": spec.index + 1}.get(spec.pool, -1)
+    return ClusterLayout(1 + len(spec.cluster.get("workerpool1", [])), node_rank, host,
+                         int(port or DEFAULT_MASTER_PORT), role,
+                         len(spec.cluster.get(REDUCTION_SERVER_POOL, [])))
 
 
 def visible_gpus() -> int:
