@@ -9,7 +9,7 @@ tokenising the data with the token cache cold and warm.
   seconds, the best of a few.
 - collate: the package's training batches of the training split (`LengthGroupedBatches`, in the
   order the loop draws them), fetched from the `datasets` split as a DataLoader fetches them and
-  padded by transformers' `DataCollatorWithPadding` (`data.collator`, what `step.make_train_loader`
+  padded by transformers' `DataCollatorWithPadding` (`step.collator`, what `step.make_train_loader`
   uses); ms per batch, the best of a few passes over all the batches, and the collator alone on rows
   already fetched.
 - tokenise: `tokenize_splits` on the data's splits in an empty cache folder (cold: tokenise and
@@ -34,13 +34,8 @@ import torch  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from nli_helpers.data import (  # noqa: E402
-    LengthGroupedBatches,
-    collator,
-    load_nli_splits,
-    model_columns,
-    tokenize_splits,
-)
+from nli_helpers.data import load_nli_splits, tokenize_splits  # noqa: E402
+from nli_helpers.step import LengthGroupedBatches, collator, model_columns  # noqa: E402
 
 
 def best_ms(step, batches: list, passes: int) -> float:

@@ -11,9 +11,10 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     notebook_runs       `predict` through transformers' pipeline)
     train               the loop, evaluation, scores and log; `should_stop` and callbacks
     checkpoint, model,  exact resume; loading the model; the pieces of a step (loader,
-    step, compiled      inputs as the model takes them, optimizer); torch.compile and its counts
-    data, distributed   a file to length-grouped, padded batches (normalise, split by premise,
-                        tokenise with a cache); ranks, devices, precision
+    step, compiled      batches of similar length, padded; inputs as the model takes them,
+                        optimizer); torch.compile and its counts
+    data, distributed   a file to tokenised splits (normalise, split by premise, tokenise with a
+                        cache); ranks, devices, precision, the GPU guard
     tables, files       one reader per file format; local paths and gs:// through fsspec
     config              TrainConfig under Hugging Face's names, the profiles, errors
     mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
@@ -21,17 +22,10 @@ The modules, in layers (a module imports only those below it; `make lint` checks
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 
+import importlib
 import os
 
-from .config import (
-    ConfigError,
-    NLIError,
-    TrainConfig,
-    __version__,
-    cache_dir,
-    lazy_attributes,
-    make_config,
-)
+from .config import ConfigError, NLIError, TrainConfig, __version__, cache_dir, make_config
 
 # torch makes torch.compile's kernel cache folder when dynamo is imported (transformers imports
 # it to load a model), by default an empty torchinductor_<user> in TMPDIR after every run. Here it
@@ -40,6 +34,19 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "torchinducto
 
 __all__ = ["ConfigError", "NLIError", "TrainConfig", "__version__", "make_config", "run_training",
            "predict", "load_nli_splits"]
+
+
+def lazy_attributes(package: str, where: dict[str, str]):
+    """A package's `__getattr__` (PEP 562) that imports the module `where[name]` names (relative to
+    `package`) on first use, so that `import package` stays fast and a process imports only what
+    it uses. The package's one lazy-import mechanism: nli_helpers and nli_helpers.vertex use it."""
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(where[name], package), name)
+
+    return __getattr__
 
 
 # Lazy, so that `import nli_helpers` (and `--help`) stays fast.

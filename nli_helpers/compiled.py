@@ -11,7 +11,7 @@ What would compile again, and what this run does instead:
 - An unpadded batch sent without its mask is another graph: a compiled run always passes the mask
   (`step.model_inputs(..., keep_mask=True)`).
 - The epoch's short last batch is another batch size: a compiled run leaves it out
-  (`LengthGroupedBatches(drop_last=True)`; `dropped_per_epoch` counts the pairs). Every pair is
+  (`step.LengthGroupedBatches(drop_last=True)`; `dropped_per_epoch` counts the pairs). Every pair is
   still trained on in the epochs where the shuffle puts it elsewhere.
 - Widths are padded to multiples of 16: the first width compiles a static graph, the second one
   a graph with a dynamic width that serves every later one (on a GPU, CUDA graphs then record

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
 import json
 import math
 import os
@@ -74,19 +73,6 @@ PROFILE_DEFAULTS: dict[str, dict[str, Any]] = {
              "num_train_epochs": 2, "learning_rate": 2e-5, "warmup_ratio": 0.06,
              "weight_decay": 0.1},
 }
-
-
-def lazy_attributes(package: str, where: dict[str, str]):
-    """A package's `__getattr__` (PEP 562) that imports the module `where[name]` names (relative to
-    `package`) on first use, so that `import package` stays fast and a process imports only what
-    it uses. The package's one lazy-import mechanism: nli_helpers and nli_helpers.vertex use it."""
-
-    def __getattr__(name: str):
-        if name not in where:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(where[name], package), name)
-
-    return __getattr__
 
 
 def _one_of(*names: str, ok, text: str) -> dict:

@@ -1,5 +1,5 @@
 """The data path, one way: read a file (`tables`), normalise its rows, split by premise, tokenise
-(cached across runs), and batch pairs of similar length with transformers' own parts.
+(cached across runs); `step` batches the pairs.
 
     >>> splits = load_nli_splits("dev_matched.jsonl")  # or "sample", a folder, gs://, a hub name
     >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)  # truncated, not padded
@@ -22,11 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
-import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from tokenizers import Tokenizer
-from transformers import DataCollatorWithPadding
-from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from . import files, tables
 from .config import cache_dir as package_cache_dir
@@ -325,48 +322,3 @@ def _cached(tokenise, path: Path | None, rows: int) -> tuple[Dataset, bool]:
     except OSError as e:  # a read-only or full disk must not stop a run
         log.warning("token cache %s unusable (%s); tokenising without it", path.parent, e)
         return tokenise(), False
-
-
-# -- batches: transformers' length grouping and padding -------------------------------------------
-class LengthGroupedBatches(torch.utils.data.Sampler):
-    """Each epoch's batches of row numbers, in transformers' length-grouped order (Trainer's
-    `group_by_length`: shuffle, sort mega-batches by length, longest batch first) or random.
-    `batch_size` is per process: each of `num_replicas` ranks takes its share of every global
-    batch from the same order, so N processes see exactly the batches one process would.
-    `drop_last` leaves out the epoch's short last batch (which pairs that is changes each epoch)."""
-
-    def __init__(self, lengths, batch_size: int, *, seed: int = 0, group_by_length: bool = True,
-                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False):
-        self.lengths, self.size = list(lengths), batch_size * num_replicas
-        self.least = self.size if drop_last else num_replicas  # pairs a batch needs to be kept
-        self.seed, self.group, self.replicas, self.rank = seed, group_by_length, num_replicas, rank
-        self.epoch = self.skip = 0
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Choose the epoch's order; `skip_batches` resumes mid-epoch (after a checkpoint)."""
-        self.epoch, self.skip = epoch, skip_batches
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = (get_length_grouped_indices(self.lengths, self.size, generator=generator)
-                 if self.group else torch.randperm(len(self.lengths), generator=generator).tolist())
-        batches = [order[i:i + self.size] for i in range(0, len(order), self.size)]
-        # A last batch too small to give every rank a pair is dropped: all ranks step together.
-        return iter([b[self.rank::self.replicas] for b in batches if len(b) >= self.least]
-                    [self.skip:])
-
-    def __len__(self) -> int:
-        """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
-        n = len(self.lengths)
-        return n // self.size + (n % self.size >= self.least)
-
-
-def model_columns(split, tokenizer):
-    """The split as the collator takes it: the model's inputs and the label."""
-    keep = [c for c in (*tokenizer.model_input_names, "label") if c in split.column_names]
-    return split.select_columns(keep)
-
-
-def collator(tokenizer, multiple: int | None = None) -> DataCollatorWithPadding:
-    """Batches padded to their longest pair (to a multiple of `multiple`), labels as `labels`."""
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple, return_tensors="pt")

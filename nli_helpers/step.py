@@ -1,6 +1,7 @@
 """The pieces of one training step and what feeds it, which `train.train` puts together: the
-loader of length-grouped, padded batches, the inputs as the model takes them (no host sync), the
-optimizer (AdamW, decay by shape) and its step through the fp16 loss scaler.
+loader of length-grouped, padded batches (`LengthGroupedBatches`, `collator`), the inputs as the
+model takes them (no host sync), the optimizer (AdamW, decay by shape) and its step through the
+fp16 loss scaler.
 
     >>> loader = make_train_loader(tokenized["train"], cfg, tokenizer, device)
     >>> loss = model(**model_inputs(next(iter(loader)), device, model)).loss
@@ -8,10 +9,14 @@ optimizer (AdamW, decay by shape) and its step through the fp16 loss scaler.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch.utils.data import BatchSampler, RandomSampler
+from transformers import DataCollatorWithPadding
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from .config import TrainConfig
-from .data import LengthGroupedBatches, collator, model_columns
 
 
 def model_inputs(batch: dict, device: torch.device, model, keep_mask: bool = False) -> dict:
@@ -93,3 +98,49 @@ def make_train_loader(dataset, cfg: TrainConfig, tokenizer, device: torch.device
         # other dropout masks than an uninterrupted one.
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=device.type == "cuda", persistent_workers=cfg.dataloader_num_workers > 0)
+
+
+# -- batches: transformers' length grouping and padding -------------------------------------------
+class LengthGroupedBatches(torch.utils.data.Sampler):
+    """Each epoch's batches of row numbers, in transformers' `LengthGroupedSampler` order (Trainer's
+    `group_by_length`: shuffle, sort mega-batches by length, longest batch first) or torch's random
+    one. `batch_size` is per process: each of `num_replicas` ranks takes its share of every global
+    batch from the same order, so N processes see exactly the batches one process would (as
+    accelerate's `BatchSamplerShard` does). `drop_last` leaves out the epoch's short last batch
+    (which pairs that is changes each epoch)."""
+
+    def __init__(self, lengths, batch_size: int, *, seed: int = 0, group_by_length: bool = True,
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False):
+        self.lengths, self.size = list(lengths), batch_size * num_replicas
+        self.least = self.size if drop_last else num_replicas  # pairs a batch needs to be kept
+        self.seed, self.group, self.replicas, self.rank = seed, group_by_length, num_replicas, rank
+        self.epoch = self.skip = 0
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Choose the epoch's order; `skip_batches` resumes mid-epoch (after a checkpoint)."""
+        self.epoch, self.skip = epoch, skip_batches
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = LengthGroupedSampler(self.size, lengths=self.lengths, generator=generator) \
+            if self.group else RandomSampler(self.lengths, generator=generator)
+        # A last batch too small to give every rank a pair is dropped: all ranks step together.
+        kept = (b[self.rank::self.replicas] for b in BatchSampler(order, self.size, False)
+                if len(b) >= self.least)
+        return itertools.islice(kept, self.skip, None)
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch (skipped ones included: the loop counts epochs with it)."""
+        n = len(self.lengths)
+        return n // self.size + (n % self.size >= self.least)
+
+
+def model_columns(split, tokenizer):
+    """The split as the collator takes it: the model's inputs and the label."""
+    keep = [c for c in (*tokenizer.model_input_names, "label") if c in split.column_names]
+    return split.select_columns(keep)
+
+
+def collator(tokenizer, multiple: int | None = None) -> DataCollatorWithPadding:
+    """Batches padded to their longest pair (to a multiple of `multiple`), labels as `labels`."""
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple, return_tensors="pt")

@@ -29,7 +29,7 @@ from . import distributed as dist
 from . import step
 from .checkpoint import TrainState, identity, resume_training, save_training
 from .config import LABELS, ConfigError, NLIError, TrainConfig
-from .data import collator, content_hash, model_columns
+from .data import content_hash
 
 
 class TrainCallback:
@@ -210,8 +210,9 @@ def score_split(model, dataset, tokenizer, device: torch.device, precision: str 
     model.eval()
     order = np.argsort(np.asarray(dataset["length"]), kind="stable")[info.rank::info.world_size]
     batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-    loader = torch.utils.data.DataLoader(model_columns(dataset, tokenizer).remove_columns("label"),
-                                         batch_sampler=batches, collate_fn=collator(tokenizer))
+    loader = torch.utils.data.DataLoader(
+        step.model_columns(dataset, tokenizer).remove_columns("label"), batch_sampler=batches,
+        collate_fn=step.collator(tokenizer))
     preds = np.full(len(dataset), -1, dtype=np.int64)
     for idx, inputs in zip(batches, tqdm(loader, desc="evaluate", leave=False,
                                          disable=not live_progress() or len(batches) < 2)):

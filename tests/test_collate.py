@@ -12,8 +12,8 @@ import torch
 from transformers import AutoTokenizer
 
 from nli_helpers.config import make_config
-from nli_helpers.data import LengthGroupedBatches, tokenize_splits
-from nli_helpers.step import make_train_loader
+from nli_helpers.data import tokenize_splits
+from nli_helpers.step import LengthGroupedBatches, make_train_loader
 from tests.tiny_model import tiny_model
 
 # Lengths like NLI pairs': mostly 20-60 tokens, a long tail.

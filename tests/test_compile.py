@@ -10,8 +10,9 @@ import torch
 from nli_helpers import compiled as compiled_module
 from nli_helpers import step, train
 from nli_helpers.config import make_config
-from nli_helpers.data import LengthGroupedBatches, load_nli_splits, tokenize_splits
+from nli_helpers.data import load_nli_splits, tokenize_splits
 from nli_helpers.model import load_model_and_tokenizer
+from nli_helpers.step import LengthGroupedBatches
 
 
 class GraphsPerEpoch(train.TrainCallback):

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nli_helpers.config import LABELS, NLIError
-from nli_helpers.data import LengthGroupedBatches, load_nli_splits
+from nli_helpers.data import load_nli_splits
+from nli_helpers.step import LengthGroupedBatches
 
 KEYS = ("premise", "hypothesis", "label", "genre", "sentence1", "sentence2", "gold_label")
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)

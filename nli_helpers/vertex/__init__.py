@@ -21,7 +21,7 @@ runs the trainer image. The same image serves a trained model folder: `python -m
 nli_helpers.vertex.serve`, the HTTP server of Vertex AI's custom-container contract (`serve`).
 """
 
-from nli_helpers.config import lazy_attributes
+from nli_helpers import lazy_attributes
 
 # Names load on first use (PEP 562): the trainer image runs `python -m nli_helpers.vertex.entry`,
 # which needs none of the submission side (google-cloud-aiplatform) that these modules import.
