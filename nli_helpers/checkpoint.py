@@ -14,12 +14,14 @@ last. Only a checkpoint with a manifest counts, so a job killed mid-copy leaves 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointError(NLIError):
-    """A checkpoint could not be written or read."""
+    """A checkpoint (or a finished run's folder) could not be written or read."""
 
 
 def _sha256(data: bytes) -> str:
@@ -52,26 +54,38 @@ def _sha256(data: bytes) -> str:
 def save_checkpoint(root: str, step: int, model, tokenizer, state: dict, keep: int = 2) -> str:
     """Write checkpoint-<step> under `root` (manifest last) and prune all but the newest `keep`."""
     target = files.join(root, f"checkpoint-{step:08d}")
-    try:
-        with tempfile.TemporaryDirectory(prefix="nli-checkpoint-") as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            # Through memory: on a full disk torch's own writer fails with "unexpected pos"; a plain
-            # write names the OS's reason (No space left on device).
-            buffer = io.BytesIO()
-            torch.save(state, buffer)
-            (Path(tmp) / STATE).write_bytes(buffer.getvalue())
-            sums = {f.name: _sha256(f.read_bytes()) for f in Path(tmp).iterdir() if f.is_file()}
-            (Path(tmp) / MANIFEST).write_text(json.dumps({"step": step, "sha256": sums}))
-            remove(target)  # a killed save's leftovers of this step (a step is saved once)
-            files.put(tmp, target, last=MANIFEST)
-        for _, old in sorted(checkpoints(root))[:-keep] if keep > 0 else []:
-            remove(old)
-    except (OSError, SafetensorError, files.StorageError) as e:  # a full disk, a lost bucket
-        raise CheckpointError(f"could not write checkpoint {target} ({files.reason(e)}); "
-                              f"{files.what_is_kept(root, latest_checkpoint)}. Free space, or pass "
-                              "--checkpoint_dir with a folder you can write") from e
+    with written_whole(target, MANIFEST, f"checkpoint {target}", "--checkpoint_dir", root) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        # Through memory: on a full disk torch's own writer fails with "unexpected pos"; a plain
+        # write names the OS's reason (No space left on device).
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        (tmp / STATE).write_bytes(buffer.getvalue())
+        sums = {f.name: _sha256(f.read_bytes()) for f in tmp.iterdir() if f.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "sha256": sums}))
+        remove(target)  # a killed save's leftovers of this step (a step is saved once)
+    for _, old in sorted(checkpoints(root))[:-keep] if keep > 0 else []:
+        remove(old)
     return target
+
+
+@contextlib.contextmanager
+def written_whole(target: str, last: str, what: str, flag: str,
+                  checkpoint_root: str | None) -> Iterator[Path]:
+    """The one writer of a run's folders (a checkpoint, the finished run): the block fills a
+    local folder, which is then copied to `target` (local or gs://) with the file `last` after all
+    others, so a reader that waits for `last` sees whole results only. A full disk or a lost
+    bucket ends in one CheckpointError: `what` failed, what is kept, and `flag` to pass."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="nli-save-") as tmp:
+            yield Path(tmp)
+            files.put(tmp, target, last=last)
+    except (OSError, SafetensorError, files.StorageError) as e:
+        kept = files.what_is_kept(checkpoint_root, latest_checkpoint) if checkpoint_root else \
+            "there is no checkpoint to resume from"
+        raise CheckpointError(f"could not write {what} ({files.reason(e)}); {kept}. Free space, "
+                              f"or pass {flag} with a folder you can write") from e
 
 
 def remove(path: str) -> None:

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,12 +26,11 @@ from pathlib import Path
 import datasets
 import filelock
 import transformers
-from safetensors import SafetensorError
 from transformers import set_seed
 
 from . import distributed as dist
 from . import files
-from .checkpoint import RESUME_CRITICAL, checkpoints, latest_checkpoint
+from .checkpoint import RESUME_CRITICAL, checkpoints, latest_checkpoint, written_whole
 from .checkpoint import remove as remove_checkpoint
 from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
@@ -175,27 +173,20 @@ def sigterm_times(exit_now: Callable[[], bool] = lambda: False) -> Iterator[list
 
 def save_run(result: TrainResult, job_dir: str, checkpoint_root: str | None = None) -> str:
     """Write model + tokenizer (safetensors), train_config.json (which --config reads back),
-    history.jsonl, then metrics.json, which marks a finished run. The files are written aside and
-    copied in, metrics.json last, after the old one is removed: a rerun never leaves an old
-    metrics.json beside new weights, and a failed copy leaves no result."""
-    try:
-        fs, path = files.filesystem(job_dir)
+    history.jsonl, then metrics.json, which marks a finished run, through the checkpoints' writer
+    (`checkpoint.written_whole`). The old metrics.json goes first: a rerun never leaves one beside
+    new weights, and a failed copy leaves no result."""
+    fs, path = files.filesystem(job_dir)
+    with written_whole(job_dir, "metrics.json", f"the trained model to {job_dir}",
+                       "--output_dir", checkpoint_root) as tmp:
         if fs.exists(files.join(path, "metrics.json")):
             fs.rm_file(files.join(path, "metrics.json"))
-        with tempfile.TemporaryDirectory(prefix="nli-run-") as tmp:
-            result.model.save_pretrained(tmp)
-            result.tokenizer.save_pretrained(tmp)
-            Path(tmp, "train_config.json").write_text(result.config.to_json() + "\n")
-            with open(Path(tmp, "history.jsonl"), "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in result.history)
-            Path(tmp, "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
-            files.put(tmp, job_dir, last="metrics.json")
-    except (OSError, SafetensorError, files.StorageError) as e:  # a full disk, a lost bucket
-        kept = files.what_is_kept(checkpoint_root, latest_checkpoint) if checkpoint_root else \
-            "there is no checkpoint to resume from"
-        raise NLIError(f"could not write the trained model to {job_dir} ({files.reason(e)}); "
-                       f"{kept}. Free space, or pass --output_dir with a folder you can "
-                       "write") from e
+        result.model.save_pretrained(tmp)
+        result.tokenizer.save_pretrained(tmp)
+        (tmp / "train_config.json").write_text(result.config.to_json() + "\n")
+        with open(tmp / "history.jsonl", "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in result.history)
+        (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
     result.output_dir = job_dir
     return job_dir
 
