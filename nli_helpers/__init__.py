@@ -7,9 +7,10 @@ The modules, in layers (a module imports only those below it; `make lint` checks
                         image's ENTRYPOINT; `launch`, torchrun on a cluster) and submitting jobs
     task                the command: flags and --config into a TrainConfig, then a run
     run                 one run: load, train, evaluate, save (local or gs://)
-    tracking,           TensorBoard; what the notebooks share (run folders, scores as a table,
-    notebook_runs       `predict` through transformers' pipeline)
-    train               the loop, evaluation, scores and log; `should_stop` and callbacks
+    notebook_runs       what the notebooks share (run folders, scores as a table, `predict`
+                        through transformers' pipeline)
+    train               the loop, evaluation and scores; `should_stop`
+    tracking            the log (a bar or plain lines), the observers (`TrainCallback`), TensorBoard
     checkpoint, model,  exact resume; loading the model; the pieces of a step (loader,
     step, compiled      batches of similar length, padded; inputs as the model takes them,
                         optimizer); torch.compile and its counts

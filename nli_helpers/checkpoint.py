@@ -31,6 +31,7 @@ from safetensors.torch import load
 
 from . import files
 from .config import NLIError, TrainConfig
+from .data import content_hash
 from .distributed import DistInfo, all_gather_objects, on_main_process
 
 STATE, MANIFEST = "training_state.pt", "manifest.json"
@@ -190,9 +191,11 @@ class TrainState:
         self.scaler.load_state_dict(state["scaler"])
 
 
-def identity(cfg: TrainConfig, world_size: int, precision: str, fingerprint: str | None) -> dict:
+def identity(cfg: TrainConfig, world_size: int, precision: str, train_split=None) -> dict:
+    """What a resumed run must share with the run that saved: its settings, process count,
+    precision, and its training pairs' fingerprint (`data.content_hash`; None: not checked)."""
     return {"config": cfg.to_dict(), "world_size": world_size, "precision": precision,
-            "data_fingerprint": fingerprint}
+            "data_fingerprint": None if train_split is None else content_hash(train_split)}
 
 
 def save_training(state: TrainState, root: str, keep: int, tokenizer, info: DistInfo,

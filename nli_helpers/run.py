@@ -35,14 +35,8 @@ from .checkpoint import remove as remove_checkpoint
 from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
 from .data import load_nli_splits, tokenize_splits
 from .model import check_model_fits, load_model_and_tokenizer
-from .train import (
-    TrainCallback,
-    TrainResult,
-    global_batch,
-    live_progress,
-    summary_line,
-    train,
-)
+from .tracking import TrainCallback, live_progress, summary_line
+from .train import TrainResult, global_batch, train
 
 
 def set_library_output(cfg: TrainConfig) -> None:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, NoReturn
 from .config import NLIError, TrainConfig, parse_args
 
 if TYPE_CHECKING:
-    from .train import Stopped, TrainCallback
+    from .tracking import TrainCallback
+    from .train import Stopped
 
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM  # the shell's code for a process a SIGTERM ended
 

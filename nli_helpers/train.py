@@ -6,15 +6,14 @@ AdamW (no decay on biases and norms), linear warmup then decay, autocast (bf16, 
 loss scaling), gradient accumulation and clipping, evaluation on every validation split,
 checkpoints, and a stop (`should_stop`, a SIGTERM in `run`) that ends in one. Under torchrun the
 model is wrapped in DDP; each process takes `per_device_train_batch_size` pairs a micro-batch.
-Below the loop: the scores and the log, which calls the run's observers (`TrainCallback`).
-`run.run_training` loads, calls `train`, saves.
+Below the loop: the scores and what metrics.json holds; the log and the run's observers are in
+`tracking`. `run.run_training` loads, calls `train`, saves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,22 +27,8 @@ from transformers import get_linear_schedule_with_warmup
 from . import distributed as dist
 from . import step
 from .checkpoint import TrainState, identity, resume_training, save_training
-from .config import LABELS, ConfigError, NLIError, TrainConfig
-from .data import content_hash
-
-
-class TrainCallback:
-    """Observers of a run (`tracking.TensorBoardCallback`, Vertex AI's tuning report), called on the
-    main process with plain Python values. Override the hooks you need."""
-
-    def on_log(self, rows: list[dict]) -> None:
-        """Rows per step since the last log: step, epoch, loss, lr (the last: examples_per_s)."""
-
-    def on_evaluate(self, step: int, epoch: int, scores: dict[str, dict]) -> None:
-        """Scores per validation split after an evaluation."""
-
-    def on_train_end(self, metrics: dict) -> None:
-        """The final metrics, before they are saved."""
+from .config import LABELS, ConfigError, TrainConfig
+from .tracking import TrainCallback, TrainLog, live_progress
 
 
 @dataclass
@@ -98,9 +83,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                                 total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     evals = {name: split for name, split in tokenized.items() if name != "train"}
-    fingerprint = content_hash(tokenized["train"]) if checkpoint_root else None
     state = TrainState(model, optimizer, scheduler, scaler,
-                       identity(cfg, info.world_size, precision, fingerprint))
+                       identity(cfg, info.world_size, precision,
+                                tokenized["train"] if checkpoint_root else None))
     if resume_from:
         resume_training(state, resume_from, info, device)
     log = TrainLog(cfg, info, total_steps, state, callbacks)
@@ -269,12 +254,6 @@ def global_batch(cfg: TrainConfig, world_size: int) -> int:
     return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world_size
 
 
-def summary_line(split_scores: dict[str, dict]) -> str:
-    """`validation_matched acc 0.812 F1 0.809 | ...` for logs."""
-    return " | ".join(f"{name} acc {s['accuracy']:.3f} F1 {s['macro_f1']:.3f}"
-                      for name, s in split_scores.items())
-
-
 def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: TrainState, train_split,
                      evals: dict, seconds: float, *, precision: str, device: torch.device,
                      model) -> dict:
@@ -294,91 +273,3 @@ def training_metrics(cfg: TrainConfig, info: dist.DistInfo, state: TrainState, t
             "precision": precision, "device": str(device),
             "parameters": sum(p.numel() for p in model.parameters()),
             "eval_history": state.eval_history}
-
-
-# -- logging: losses stay on the device until a log step. A live bar where someone watches (a
-# terminal, a Jupyter kernel); plain lines where output is collected (a file, Cloud Logging, which
-# stores each line as an entry: a redrawn bar there is noise).
-def live_progress(stream=None) -> bool:
-    """Whether a redrawn bar can be seen: a terminal, or a Jupyter kernel (tqdm's widget)."""
-    stream = sys.stderr if stream is None else stream
-    try:
-        tty = stream.isatty()
-    except (AttributeError, ValueError):  # a closed or fake stream
-        tty = False
-    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
-    return tty or (bool(shell) and "IPKernelApp" in getattr(shell, "config", {}))
-
-
-class TrainLog:
-    def __init__(self, cfg: TrainConfig, info: dist.DistInfo, total_steps: int, state: TrainState,
-                 callbacks: Sequence[TrainCallback]):
-        self.cfg, self.info, self.total_steps = cfg, info, total_steps
-        self.callbacks = list(callbacks) if info.is_main else []
-        self.pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss on the device)
-        self.window = {"t": time.perf_counter(), "examples": 0, "tokens": 0}
-        self.lines = cfg.progress and info.is_main and not live_progress()
-        hidden = not (cfg.progress and info.is_main) or self.lines
-        self.bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step",
-                        dynamic_ncols=True, disable=hidden)
-
-    def count(self, batch) -> None:
-        self.window["examples"] += len(batch["labels"]) * self.info.world_size
-        tokens = int(batch["attention_mask"].numpy().sum())  # the collated CPU copy: no sync
-        self.window["tokens"] += tokens * self.info.world_size
-
-    def step(self, step: int, lr: float, loss: torch.Tensor) -> None:
-        self.pending.append((step, lr, loss))
-        self.bar.update(1)
-
-    def flush(self, state: TrainState, batches_per_epoch: int) -> None:
-        """The losses kept on the device become numbers: one host sync per log interval. Under DDP
-        each step's loss is the mean over ranks (equal shares of one global batch), never a sum."""
-        if not self.pending:
-            return
-        stacked = torch.stack([p[2] for p in self.pending]).float()
-        losses = (dist.all_reduce_sum(stacked, self.info) / self.info.world_size).cpu().tolist()
-        now = time.perf_counter()
-        seconds = max(now - self.window["t"], 1e-9)
-        epoch = round(state.epoch + state.batches_done / batches_per_epoch, 4)
-        rows = [{"step": step, "epoch": epoch, "loss": loss, "lr": lr}
-                for (step, lr, _), loss in zip(self.pending, losses)]
-        rows[-1].update(examples_per_s=self.window["examples"] / seconds,
-                        tokens_per_s=self.window["tokens"] / seconds)
-        state.history.extend(rows)
-        self.pending.clear()
-        self.window.update(t=now, examples=0, tokens=0)
-        bad = next((row["step"] for row in rows if not math.isfinite(row["loss"])), None)
-        if bad is not None:
-            raise NLIError(f"the training loss became {rows[-1]['loss']} at step {bad}; lower "
-                           "--learning_rate or use --precision fp32")
-        self.bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{rows[-1]['lr']:.2e}",
-                             ex_s=f"{rows[-1]['examples_per_s']:.1f}")
-        if self.lines:
-            print(progress_line(rows, self.total_steps, seconds), flush=True)  # flushed
-        for callback in self.callbacks:
-            callback.on_log(rows)
-
-    def evaluated(self, state: TrainState, batches_per_epoch: int, scores: dict) -> None:
-        epoch = state.epoch + state.batches_done / batches_per_epoch
-        self.message(f"eval step {state.step}/{self.total_steps} (epoch {epoch:.2f}): "
-                     f"{summary_line(scores)}")
-        for callback in self.callbacks:
-            callback.on_evaluate(state.step, state.epoch, scores)
-
-    def message(self, text: str) -> None:
-        if self.info.is_main:
-            print(text, flush=True) if self.lines or self.bar.disable else self.bar.write(text)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def progress_line(rows: list[dict], total_steps: int, seconds: float = 0.0) -> str:
-    """One plain log line for the newest interval (`seconds` long): step, epoch, mean loss, lr,
-    throughput, and the time left at this interval's pace."""
-    last, loss = rows[-1], np.mean([r["loss"] for r in rows])
-    left = seconds / len(rows) * (total_steps - last["step"]) / 60
-    return (f"step {last['step']}/{total_steps} epoch {last['epoch']:.2f} loss {loss:.4f} "
-            f"lr {last['lr']:.2e} {last.get('examples_per_s', 0):.1f} examples/s "
-            f"{last.get('tokens_per_s', 0):.0f} tokens/s {left:.1f} min to go")

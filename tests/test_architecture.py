@@ -84,7 +84,7 @@ def test_every_package_module_is_placed_in_a_layer():
 
 def test_the_loop_imports_at_most_five_siblings():
     """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
-    distributed, data, checkpoint, and step, which holds the pieces of a step that train.py used to), besides
+    distributed, checkpoint, step, which holds the pieces of a step, and tracking, the log), besides
     `compiled`, which only a compiled run imports, in the one `if cfg.torch_compile` block. Cloud Storage never
     reaches it: checkpoints and TensorBoard write through `files`."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())

@@ -13,9 +13,10 @@ from nli_helpers.config import make_config
 from nli_helpers.data import load_nli_splits, tokenize_splits
 from nli_helpers.model import load_model_and_tokenizer
 from nli_helpers.step import LengthGroupedBatches
+from nli_helpers.tracking import TrainCallback
 
 
-class GraphsPerEpoch(train.TrainCallback):
+class GraphsPerEpoch(TrainCallback):
     """The number of graphs dynamo has compiled so far, at each epoch's evaluation."""
 
     def __init__(self):

@@ -19,7 +19,7 @@ import localcloud.replica
 from nli_helpers.checkpoint import latest_checkpoint
 from nli_helpers.config import ConfigError, NLIError, make_config
 from nli_helpers.run import run_training
-from nli_helpers.train import TrainCallback
+from nli_helpers.tracking import TrainCallback
 from nli_helpers.vertex.entry import stopped_exit
 from tests.helpers import ROOT, vm_metadata
 

@@ -15,7 +15,7 @@ from nli_helpers.distributed import resolve_precision
 from nli_helpers.model import load_model_and_tokenizer
 from nli_helpers.notebook_runs import predict
 from nli_helpers.run import run_training
-from nli_helpers.train import TrainCallback
+from nli_helpers.tracking import TrainCallback
 from tests.tiny_model import tiny_model
 
 
@@ -121,7 +121,7 @@ def test_gpu_only_precision_on_a_cpu_is_refused():
 
 
 def test_callbacks_see_every_log_and_evaluation(tmp_path):
-    from nli_helpers.train import TrainCallback
+    from nli_helpers.tracking import TrainCallback
 
     class Recorder(TrainCallback):
         def __init__(self):

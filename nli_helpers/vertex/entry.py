@@ -53,8 +53,8 @@ from nli_helpers import files
 from nli_helpers.config import QUIET_LOG_LEVELS, ConfigError, TrainConfig
 from nli_helpers.distributed import check_accelerator
 from nli_helpers.task import Platform, command
-from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback
-from nli_helpers.train import Stopped, TrainCallback
+from nli_helpers.tracking import TUNABLE_SCORES, TensorBoardCallback, TrainCallback
+from nli_helpers.train import Stopped
 
 DEFAULT_HYPERTUNE_METRIC = "validation_matched_accuracy"
 
