@@ -127,52 +127,52 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                     inputs = step.model_inputs(batch, device, model, keep_mask=cfg.torch_compile)
                     loss = net(**inputs).loss / accum
                 scaler.scale(loss).backward()
-            if accumulating:
-                continue
-            lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm,
-                                     keep_grads=cfg.torch_compile)
-            if lr is None:  # fp16: a skipped step moves neither the schedule nor the count
-                state.skipped_steps += 1
-                continue
-            state.step += 1
-            log.step(state.step, lr, loss.detach() * accum)
+            stepped = False
+            if not accumulating:
+                lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm,
+                                         keep_grads=cfg.torch_compile)
+                stepped = lr is not None  # fp16: a skipped step moves neither schedule nor count
+                state.skipped_steps += not stepped
+            if stepped:
+                state.step += 1
+                log.step(state.step, lr, loss.detach() * accum)
             last = state.step >= total_steps
-            if state.step % cfg.logging_steps == 0 or last:
-                log.flush(state, len(loader))
-            if cfg.eval_steps and state.step % cfg.eval_steps == 0 and not last:
-                evaluate_now()
-            if cfg.save_steps and state.step % cfg.save_steps == 0 and not last:
-                checkpoint_now()
-            if last:
-                break
-            # One collective every sync_every steps: every rank stops at the same step, and
-            # checkpoints when rank 0's clock says so (each rank's own would at another step).
-            if info.enabled and state.step % cfg.sync_every:
+            epoch_done = state.batches_done == len(loader)  # leftover micro-batches included
+            if not (stepped or epoch_done):
                 continue
-            minutes = (clock() - saved_at) / 60
-            due = minutes >= (cfg.checkpoint_every_minutes or math.inf)
-            stopping, due = dist.agree_after_step(should_stop(), due, info)
-            if stopping:
-                stopped = Stopped(state.step, checkpoint_now())
-                log.close()
-                return TrainResult(model, tokenizer, cfg, {}, state.history, stopped=stopped)
-            # Not at the epoch's last step: its epoch-end checkpoint follows the evaluation.
-            if due and len(loader) - state.batches_done >= accum:
-                if checkpoint_now():
+            if epoch_done:
+                state.epoch, state.batches_done = state.epoch + 1, 0
+            if stepped and (state.step % cfg.logging_steps == 0 or last):
+                log.flush(state, len(loader))
+            if epoch_done or last or (cfg.eval_steps and state.step % cfg.eval_steps == 0):
+                evaluate_now()
+            # The ranks agree every sync_every steps, at each epoch's end and at the last step:
+            # whether any was told to stop (a SIGTERM may reach one first), and whether rank 0's
+            # clock says a checkpoint is due (each rank's own would say so at another step).
+            stopping = due = False
+            if not info.enabled or state.step % cfg.sync_every == 0 or epoch_done or last:
+                minutes = (clock() - saved_at) / 60
+                due = minutes >= (cfg.checkpoint_every_minutes or math.inf)
+                stopping, due = dist.agree_after_step(should_stop(), due, info)
+            # The one decision to checkpoint: to stop, at an epoch's end, every save_steps steps,
+            # or when due; after the last step only to stop (then the run still finishes: its
+            # final save follows).
+            saving = cfg.save_steps and state.step % cfg.save_steps == 0
+            if stopping or not last and (epoch_done or saving or due):
+                path = checkpoint_now()
+                if stopping and not last:
+                    log.close()
+                    return TrainResult(model, tokenizer, cfg, {}, state.history,
+                                       stopped=Stopped(state.step, path))
+                if stopping and path:
+                    log.message(f"stop requested at the last step: checkpoint of step "
+                                f"{state.step} saved; finishing the run")
+                elif due and path and not (epoch_done or saving):
                     log.message(f"checkpoint at step {state.step}: {minutes:.1f} min since "
                                 "the last (--checkpoint_every_minutes "
                                 f"{cfg.checkpoint_every_minutes:g})")
-        state.epoch, state.batches_done = state.epoch + 1, 0
-        evaluated = state.eval_history and state.eval_history[-1]["step"] == state.step
-        if state.step < total_steps or not evaluated:
-            evaluate_now()
-        if state.step < total_steps:
-            checkpoint_now()
-    # A stop after the last agreement (the final steps, the final evaluation): the ranks decide
-    # together, since each one's checkpoint_now() joins the others' collectives.
-    if dist.agree_after_step(should_stop(), False, info)[0] and checkpoint_now():
-        log.message(f"stop requested after the last stop check: checkpoint of step {state.step} "
-                    "saved; finishing the run")
+            if last:
+                break
     log.close()
     metrics = training_metrics(cfg, info, state, tokenized["train"], evals,
                                time.perf_counter() - start, precision=precision, device=device,
