@@ -20,6 +20,10 @@ The modules, in layers (a module imports only those below it; `make lint` checks
     config              TrainConfig under Hugging Face's names, the profiles, errors
     mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
 
+To follow one optimizer step and one save from the command, read five files: task.py (`main`) ->
+run.py (`run_training`) -> train.py (`train`, the loop) -> step.py (`optimizer_step`) ->
+checkpoint.py (`save_training`, `written_whole`: a folder written aside, its marker copied last).
+
 Heavy libraries (torch, transformers) load when you import those modules, not here.
 """
 
