@@ -158,7 +158,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             # or when due; after the last step only to stop (then the run still finishes: its
             # final save follows).
             saving = cfg.save_steps and state.step % cfg.save_steps == 0
-            if stopping or not last and (epoch_done or saving or due):
+            if stopping or (not last and (epoch_done or saving or due)):
                 path = checkpoint_now()
                 if stopping and not last:
                     log.close()
