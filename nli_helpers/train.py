@@ -131,8 +131,9 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
             if not accumulating:
                 lr = step.optimizer_step(model, optimizer, scheduler, scaler, cfg.max_grad_norm,
                                          keep_grads=cfg.torch_compile)
-                stepped = lr is not None  # fp16: a skipped step moves neither schedule nor count
-                state.skipped_steps += not stepped
+                stepped = lr is not None
+                if not stepped:  # fp16: a skipped step moves neither the schedule nor the count
+                    state.skipped_steps += 1
             if stepped:
                 state.step += 1
                 log.step(state.step, lr, loss.detach() * accum)

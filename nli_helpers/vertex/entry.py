@@ -95,8 +95,8 @@ def replica_gpus(spec: ClusterSpec | None) -> str | None:
     if spec is None:
         return None
     try:
-        machine = spec.job["worker_pool_specs"][int(spec.pool.removeprefix("workerpool"))]
-        machine = machine["machine_spec"]
+        pool = spec.job["worker_pool_specs"][int(spec.pool.removeprefix("workerpool"))]
+        machine = pool["machine_spec"]
         count = int(machine.get("accelerator_count") or 0)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         print(f"warning: cannot read this replica's GPUs from CLUSTER_SPEC's job "
