@@ -5,7 +5,7 @@ tokenising the data with the token cache cold and warm.
 
     python benchmarks/data_pipeline.py --spec spec.json --out result.json
 
-- load: `load_nli_splits` on the file (read by `nli_helpers.tables`, normalised, split by premise);
+- load: `load_nli_splits` on the file (read by `nli_helpers.files.read_pairs`, normalised, split by premise);
   seconds, the best of a few.
 - collate: the package's training batches of the training split (`LengthGroupedBatches`, in the
   order the loop draws them), fetched from the `datasets` split as a DataLoader fetches them and
@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from datasets import concatenate_datasets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from nli_helpers.data import load_nli_splits, tokenize_splits  # noqa: E402
+from nli_helpers.data import load_nli_splits  # noqa: E402
+from nli_helpers.model import tokenize_splits  # noqa: E402
 from nli_helpers.step import LengthGroupedBatches, collator, model_columns  # noqa: E402
 
 

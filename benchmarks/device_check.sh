@@ -121,7 +121,7 @@ present = [m for m in sys.argv[1:] if m != "datasets" and installed(m)]  # datas
 import datasets, torch, transformers, accelerate  # noqa: E401  (datasets: the carried wheel)
 sys.path[:0] = ["benchmarks"]
 import gpu_check, find_syncs, throughput_runners, train_throughput  # noqa: E401,F401
-import nli_helpers.compiled, nli_helpers.run, nli_helpers.task  # noqa: E401,F401
+import nli_helpers.run, nli_helpers.task  # noqa: E401,F401
 print(f"python {sys.version.split()[0]} | torch {torch.__version__} cuda {torch.version.cuda} | transformers "
       f"{transformers.__version__} | datasets {datasets.__version__} | accelerate {accelerate.__version__}")
 if present:

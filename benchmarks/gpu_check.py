@@ -256,7 +256,7 @@ def print_table(report: dict) -> None:
             if base and name.startswith("nli_helpers"):
                 print(f"{name} / {base_name}: {run['examples_per_s'] / base['examples_per_s']:.2f}x")
     for name, run in report["runs"].items():
-        if run.get("compile"):  # graphs, graph breaks, recompiles, CUDA-graph skips (nli_helpers/compiled.py)
+        if run.get("compile"):  # graphs, graph breaks, recompiles, CUDA-graph skips (step.counters)
             print(f"{name}: " + ", ".join(f"{key} {value}" for key, value in run["compile"].items()))
 
 

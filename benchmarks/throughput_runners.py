@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from nli_helpers.data import load_nli_splits, tokenize_splits  # noqa: E402
-from nli_helpers.model import load_model_and_tokenizer  # noqa: E402
+from nli_helpers.data import load_nli_splits  # noqa: E402
+from nli_helpers.model import load_model_and_tokenizer, tokenize_splits  # noqa: E402
 
 
 class BatchCounter:
@@ -155,7 +155,7 @@ def run_nli_helpers(spec: dict, model, tokenizer, tokenized, device) -> str:
     from nli_helpers.train import train
 
     # A fraction of an epoch that rounds up to exactly `steps` optimizer steps (compiled: the short last batch is
-    # left out, nli_helpers/compiled.py).
+    # left out, nli_helpers/step.py: --torch_compile).
     batch, every = spec["per_device_train_batch_size"], spec.get("logging_steps", 20)
     n = len(tokenized["train"])
     steps_per_epoch = n // batch if OVERRIDES.get("torch_compile") else -(-n // batch)

@@ -11,12 +11,12 @@ The modules, in layers (a module imports only those below it; `make lint` checks
                         through transformers' pipeline)
     train               the loop, evaluation and scores; `should_stop`
     tracking            the log (a bar or plain lines), the observers (`TrainCallback`), TensorBoard
-    checkpoint, model,  exact resume; loading the model; the pieces of a step (loader,
-    step, compiled      batches of similar length, padded; inputs as the model takes them,
-                        optimizer); torch.compile and its counts
-    data, distributed   a file to tokenised splits (normalise, split by premise, tokenise with a
-                        cache); ranks, devices, precision, the GPU guard
-    tables, files       one reader per file format; local paths and gs:// through fsspec
+    checkpoint, model,  exact resume; loading the model and tokenising the pairs (with a cache);
+    step                the pieces of a step (loader, batches of similar length, padded; inputs as
+                        the model takes them, optimizer) and torch.compile with its counts
+    data, distributed   a file's rows to checked pairs, split by premise; ranks, devices,
+                        precision, the GPU guard
+    files               local paths and gs:// through fsspec, and one reader per file format
     config              TrainConfig under Hugging Face's names, the profiles, errors
     mnli                where real MultiNLI is on this machine: ../shared/data or the hub's cache
 

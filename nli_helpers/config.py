@@ -35,6 +35,10 @@ class ConfigError(NLIError, ValueError):
     """A hyperparameter or path in `TrainConfig` is invalid."""
 
 
+class DataError(NLIError):
+    """The data could not be read or has the wrong shape; the message says how to fix it."""
+
+
 def cache_dir() -> Path:
     """$NLI_CACHE_DIR, else ~/.cache/nli-helpers: the token cache, run locks, the image stand-in's
     venvs. Never evicted; safe to delete."""

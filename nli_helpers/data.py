@@ -1,9 +1,9 @@
-"""The data path, one way: read a file (`tables`), normalise its rows, split by premise, tokenise
-(cached across runs); `step` batches the pairs.
+"""The pairs, one way: read a file (`files.read_pairs`), check and normalise its rows (one clear
+error naming the line or row that is wrong), split by premise; `model.tokenize_splits` tokenises
+them and `step` batches them.
 
     >>> splits = load_nli_splits("dev_matched.jsonl")  # or "sample", a folder, gs://, a hub name
-    >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)  # truncated, not padded
-    >>> loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device)  # step.py
+    >>> tokenized = model.tokenize_splits(splits, tokenizer, max_length=128)  # model.py
 
 Splits: `train`, `validation_matched` (held out by premise when the source has none) and maybe
 `validation_mismatched`, with `premise`, `hypothesis`, `label` (0 entailment, 1 neutral,
@@ -13,23 +13,21 @@ Splits: `train`, `validation_matched` (held out by premise when the source has n
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from datasets import Dataset, DatasetDict, load_dataset
-from tokenizers import Tokenizer
 
-from . import files, tables
-from .config import cache_dir as package_cache_dir
-from .tables import DataError
+from . import files
+from .config import LABEL2ID, LABELS, DataError
+from .files import json_type
 
-log = logging.getLogger(__name__)
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written pairs
 MNLI_SUBSET = "mnli-subset"  # real MultiNLI pairs, found on this machine or the hub (mnli.py)
 # MultiNLI's genres: the five seen in training ("matched") and the five held out.
@@ -40,6 +38,10 @@ SPLIT_ALIASES = {"train": "train", "validation_matched": "validation_matched",
                  "dev": "validation_matched", "validation_mismatched": "validation_mismatched",
                  "dev_mismatched": "validation_mismatched"}
 SPLIT_ORDER = ("train", "validation_matched", "validation_mismatched")
+COLUMN_ALIASES = {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"}
+UNLABELLED, UNLABELLED_ID = {"-", "-1", ""}, -1
+LABEL_NUMBER = re.compile(r"-?[0-9]+(\.0*)?")  # "1", "-1", "1.0" (an int column with gaps)
+SURROGATE = re.compile(r"[\ud800-\udfff]")  # JSON can spell one ("\ud800"); nothing encodes it
 
 
 @dataclass
@@ -66,19 +68,101 @@ class NLISplits(DatasetDict):
     report: LoadReport  # what load_nli_splits dropped
 
 
+def check_columns(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """premise/hypothesis/label(/genre) from either schema, or a DataError listing what is there.
+    A row with only sentence1/sentence2/gold_label takes those where premise/... are empty."""
+    seen = [str(c) for c in df.columns]
+    for alias, name in COLUMN_ALIASES.items():
+        if alias in df.columns:
+            df = df.assign(**{name: df[alias] if name not in df.columns else
+                              df[name].where(df[name].map(lambda v: not missing(v)), df[alias])})
+    absent = [c for c in ("premise", "hypothesis", "label") if c not in df.columns]
+    if absent:
+        found = ", ".join(repr(c) for c in seen[:20]) + (", ..." if len(seen) > 20 else "")
+        raise DataError(f"{source} lacks column(s) {', '.join(absent)} (found: {found or 'none'})"
+                        "; name them premise/hypothesis/label or sentence1/sentence2/gold_label")
+    return df[["premise", "hypothesis", "label"] + (["genre"] if "genre" in df.columns else [])]
+
+
+def label_ids(labels: pd.Series, source: str) -> pd.Series:
+    """Each label's id (UNLABELLED_ID for no label), or a DataError naming the first unknown one."""
+    ids = labels.map(label_id)
+    unknown = ids.isna()
+    if unknown.any():
+        bad = labels[unknown]
+        shown = ", ".join(sorted({_shown(v) for v in bad})[:5])
+        raise DataError(f"{source} has unknown label value(s) {shown} (first on "
+                        f"{where(labels, bad.index[0])}); labels must be {'/'.join(LABELS)} or "
+                        "0/1/2 (rows labelled -1, '-' or nothing are dropped)")
+    return ids
+
+
+def label_id(value) -> int | None:
+    """0/1/2, UNLABELLED_ID for -1/'-'/''/null, or None when not a label: names in any case,
+    0/1/2 as ints, integral floats or text; booleans are not labels."""
+    if missing(value):
+        return UNLABELLED_ID
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, int, float, np.number)):
+        return None
+    text = str(value).strip().lower()
+    if text in UNLABELLED or text in LABEL2ID:
+        return LABEL2ID.get(text, UNLABELLED_ID)
+    number = int(text.split(".")[0]) if LABEL_NUMBER.fullmatch(text) and len(text) < 20 else None
+    return number if number is not None and -1 <= number < len(LABELS) else None
+
+
+def blank_texts(texts: pd.Series, source: str) -> pd.Series:
+    """True where a premise or hypothesis is null, empty or whitespace; a DataError naming the first
+    that is not text (a number, list, object) or not valid Unicode."""
+    kinds = texts.map(_text_kind)
+    bad = ~kinds.isin(("ok", "blank"))
+    if bad.any():
+        at = bad.idxmax()
+        what, col = kinds[at], texts.name
+        if what == "surrogate":
+            raise DataError(f"{source}: the {col} on {where(texts, at)} is not valid Unicode (an "
+                            "unpaired surrogate, such as a JSON \\ud800 escape); fix that row")
+        raise DataError(f"{source}: the {col} on {where(texts, at)} is {_shown(texts[at])} "
+                        f"({'an' if what[0] in 'aeiou' else 'a'} {what}), not text; "
+                        f"every {col} must be a string")
+    return kinds == "blank"
+
+
+def missing(value) -> bool:
+    return (value is None or value is pd.NA or value is pd.NaT
+            or (isinstance(value, (float, np.floating)) and np.isnan(value)))
+
+
+def _text_kind(value) -> str:
+    if isinstance(value, str):
+        return "blank" if not value.strip() else "surrogate" if SURROGATE.search(value) else "ok"
+    return "blank" if missing(value) else json_type(value)
+
+
+def _shown(value) -> str:
+    """A value for an error message: short, and printable whatever it holds."""
+    text = repr(value.strip().lower()) if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def where(rows: pd.Series | pd.DataFrame, label) -> str:
+    """'line N' for JSON Lines (the index holds line numbers), else 'row N' counting rows from 1."""
+    return f"line {label}" if rows.index.name == "line" else f"row {label + 1}"
+
+
 def normalise_frame(df: pd.DataFrame, source: str, report: LoadReport) -> pd.DataFrame:
     """Columns premise/hypothesis/label(/genre), labels as ids; drop and count in `report` what
     can't train: unlabelled rows, blank texts, exact repeats. The same pair under two labels is
     kept and counted (crowd labels disagree). Anything else: a DataError naming the line/row."""
-    df = tables.check_columns(df, source)
+    df = check_columns(df, source)
     read = len(df)
-    ids = tables.label_ids(df["label"], source)
-    unlabelled = ids == tables.UNLABELLED_ID
+    ids = label_ids(df["label"], source)
+    unlabelled = ids == UNLABELLED_ID
     df = df[~unlabelled].assign(label=ids[~unlabelled].astype("int64"))
-    blank = tables.blank_texts(df["premise"], source) | tables.blank_texts(df["hypothesis"], source)
+    blank = blank_texts(df["premise"], source) | blank_texts(df["hypothesis"], source)
     df = df[~blank].astype({"premise": str, "hypothesis": str})
     if "genre" in df.columns:  # a tag for per-genre scores: anything goes, as encodable text
-        df["genre"] = df["genre"].map(lambda v: "unknown" if tables.missing(v) else
+        df["genre"] = df["genre"].map(lambda v: "unknown" if missing(v) else
                                       str(v).encode("utf-8", "replace").decode("utf-8"))
     duplicate = df.duplicated(["premise", "hypothesis", "label"])
     df = df[~duplicate]
@@ -161,7 +245,7 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
         raise DataError(f"--data {shown!r} is not a usable path "
                         f"({getattr(e, 'strerror', None) or e})") from e
     if info["type"] == "directory":
-        return {split: normalise_frame(tables.read_pairs(f), f, report)
+        return {split: normalise_frame(files.read_pairs(f), f, report)
                 for split, f in split_files(fs, inside, source).items()}
     if info["type"] == "other":  # reading a named pipe would wait for a writer
         mode = info.get("mode", 0)
@@ -171,8 +255,8 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
                         "file and pass that")
     if info["type"] == "file":
         name = "bundled sample" if source == "sample" else source
-        return {"train": normalise_frame(tables.read_pairs(os.path.expanduser(path)), name, report)}
-    if tables.file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~")):
+        return {"train": normalise_frame(files.read_pairs(os.path.expanduser(path)), name, report)}
+    if files.file_kind(path) or files.is_gcs_uri(path) or path.startswith((".", "/", "~")):
         raise DataError(f"data file {source} does not exist; pass --data with an existing file, a "
                         "folder of split files, a gs:// URI, a hub name or 'sample'")
     return _load_hub(source, report)
@@ -185,7 +269,7 @@ def split_files(fs, folder: str, source: str) -> dict[str, str]:
     for file in sorted(fs.ls(folder, detail=False)):
         name = file.rstrip("/").rsplit("/", 1)[-1]
         stem = name.split(".")[0].removeprefix("multinli_1.0_")
-        if stem in SPLIT_ALIASES and tables.file_kind(name):
+        if stem in SPLIT_ALIASES and files.file_kind(name):
             found.setdefault(SPLIT_ALIASES[stem], []).append(files.join(source, name))
     several = [f"{k}: {', '.join(fs_)}" for k, fs_ in found.items() if len(fs_) > 1]
     if several:
@@ -193,7 +277,7 @@ def split_files(fs, folder: str, source: str) -> dict[str, str]:
                         " keep one per split there, or pass the file you mean with --data")
     if "train" not in found:
         raise DataError(f"folder {source} has no train.* file; expected train.jsonl (or "
-                        f"{'/'.join(tables.SUFFIXES[1:])}) and optionally validation_matched.* and "
+                        f"{'/'.join(files.SUFFIXES[1:])}) and optionally validation_matched.* and "
                         "validation_mismatched.*")
     return {split: paths[0] for split, paths in found.items()}
 
@@ -207,7 +291,7 @@ def mnli_subset_frame(report: LoadReport) -> pd.DataFrame:
         raise DataError(f"--data {MNLI_SUBSET}: {e}; {mnli.WHAT_TO_DO}, or pass --data sample "
                         "(the hand-written pairs)") from e
     report.source = f"{MNLI_SUBSET} (MultiNLI dev_matched from {found.origin})"
-    df = normalise_frame(tables.read_pairs(str(found.path)), str(found.path), report)
+    df = normalise_frame(files.read_pairs(str(found.path)), str(found.path), report)
     return df[df["premise"].map(mnli.in_subset)].reset_index(drop=True)
 
 
@@ -235,14 +319,6 @@ def subsample(splits: DatasetDict, max_train: int | None, max_eval: int | None,
     return DatasetDict(out)
 
 
-# -- tokenising, once per machine -----------------------------------------------------------------
-# Texts are cut to this many characters per token of max_length: the same tokens for any real text,
-# but the fast tokenizer's pair truncation builds every combination of both texts' overflow windows
-# (huggingface/tokenizers#2035): tens of GB for two 20,000-token texts.
-CHARS_PER_TOKEN_CAP = 32
-CACHE_FORMAT = 2  # part of every key: bump it when tokenize_splits gives other columns or values
-
-
 def content_hash(split) -> str:
     """SHA-256 of a split's rows in order (Arrow IPC bytes, without datasets' metadata): the token
     cache's key and a resume's check that its data did not change."""
@@ -251,74 +327,3 @@ def content_hash(split) -> str:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return hashlib.sha256(sink.getvalue()).hexdigest()
-
-
-def cache_key(split, tokenizer, max_length: int) -> str:
-    """A hash of all the tokens depend on: the rows, the whole tokenizer (less the truncation and
-    padding its last call left set), max_length and this code's format."""
-    saved = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    saved.no_truncation()
-    saved.no_padding()
-    parts = (f"format {CACHE_FORMAT} cap {CHARS_PER_TOKEN_CAP} max_length {max_length}",
-             type(tokenizer).__name__, tokenizer.truncation_side,
-             " ".join(tokenizer.model_input_names), saved.to_str(), content_hash(split))
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
-class TokenizedSplits(DatasetDict):
-    cache_hits: dict[str, bool]  # split -> read back from the token cache
-
-
-def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
-                    cache_dir: str | Path | None = None, use_cache: bool = True
-                    ) -> TokenizedSplits:
-    """Tokenise every split, truncated but never padded (padding is per batch), with a `length`.
-    Kept in `cache_dir` (else `config.cache_dir()`/tokens) for the next run and the other ranks
-    (`.cache_hits` says which were read back); `use_cache=False` writes nothing."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one "
-                        "(AutoTokenizer's default)")
-    cap = CHARS_PER_TOKEN_CAP * max_length
-
-    def encode(batch):
-        enc = tokenizer([t[:cap] for t in batch["premise"]], [t[:cap] for t in batch["hypothesis"]],
-                        truncation=True, max_length=max_length)
-        enc["length"] = [len(ids) for ids in enc["input_ids"]]
-        return enc
-
-    folder = Path(cache_dir or package_cache_dir() / "tokens") if use_cache else None
-    name = "_".join(Path(str(tokenizer.name_or_path)).parts[-2:]) or type(tokenizer).__name__
-    prefix = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{max_length}"
-    tokenized, tokenized.cache_hits = TokenizedSplits(), {}
-    for split, ds in splits.items():
-        drop = [c for c in ds.column_names if c not in ("label", "genre")]
-
-        def tokenise(split=split, ds=ds, drop=drop, **cache):
-            return ds.map(encode, batched=True, batch_size=1000, remove_columns=drop,
-                          desc=f"tokenise {split}", **cache)
-
-        path = folder / f"{prefix}-{cache_key(ds, tokenizer, max_length)}.arrow" if folder else None
-        tokenized[split], tokenized.cache_hits[split] = _cached(tokenise, path, len(ds))
-    return tokenized
-
-
-def _cached(tokenise, path: Path | None, rows: int) -> tuple[Dataset, bool]:
-    """(split, hit): datasets reads `path` back when it exists (written aside and renamed, so a
-    killed run leaves no entry); a damaged entry is tokenised again, an unwritable cache skipped."""
-    if path is None:
-        return tokenise(), False
-    hit = path.exists()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            split = tokenise(cache_file_name=str(path))
-            if len(split) == rows:
-                return split, hit
-        except Exception as e:  # pyarrow raises several types for a damaged file, OSError too
-            if not hit:
-                raise
-            log.warning("token cache entry %s is damaged (%s); tokenising again", path, e)
-        return tokenise(cache_file_name=str(path), load_from_cache_file=False), False
-    except OSError as e:  # a read-only or full disk must not stop a run
-        log.warning("token cache %s unusable (%s); tokenising without it", path.parent, e)
-        return tokenise(), False

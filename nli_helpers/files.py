@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import functools
+import io
+import json
 import os
+import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+import pandas as pd
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
-from .config import NLIError
+from .config import DataError, NLIError
 
 CREDENTIALS_HELP = (
     "no Google Cloud credentials found: run `gcloud auth application-default login` (on a "
@@ -156,3 +161,115 @@ def check_writable(path: str, flag: str) -> None:
         for folder in created:  # deepest first; the run makes them again when it writes
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+# -- reading a file of NLI pairs: one reader per format, one clear error naming the file and the
+# line (JSON Lines) or row that is wrong. `data.load_nli_splits` calls `read_pairs`. -------------
+SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".parquet")
+
+
+def file_kind(path: str) -> str:
+    """The format suffix of `path` (.jsonl for data.jsonl.gz), or ''."""
+    suffixes = PurePosixPath(path).suffixes
+    gz = suffixes[-1:] == [".gz"] and len(suffixes) > 1
+    kind = suffixes[-2] if gz else "".join(suffixes[-1:])
+    return kind if kind in SUFFIXES else ""
+
+
+def read_pairs(path: str) -> pd.DataFrame:
+    """The rows of one jsonl/json/csv/tsv/parquet file (.gz too; local or gs://), every cell as
+    read (no type guessing: "1999" stays text); JSON Lines' line numbers as the index."""
+    kind = file_kind(path)
+    if not kind:
+        raise DataError(f"{path}: unsupported file type; use {'/'.join(SUFFIXES)} (.gz too)")
+    try:
+        fs, inside = filesystem(path)
+        with fs.open(inside, "rb", compression="infer") as f:
+            if kind == ".parquet":  # as Python objects now: a string that is not UTF-8 fails here
+                df = pd.read_parquet(f).reset_index(drop=True).astype(object)
+            elif kind in (".json", ".jsonl"):
+                df = _read_json(f, path)
+            elif kind in (".tsv", ".txt"):  # raw MultiNLI's multinli_1.0_*.txt are TSV
+                df = _read_tsv(f.read().decode("utf-8-sig"), path)
+            else:
+                df = pd.read_csv(f, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except DataError:
+        raise
+    except FileNotFoundError:
+        raise DataError(f"data file {path} does not exist; pass --data with an existing file, a "
+                        "folder of split files, a gs:// URI, a hub name or 'sample'") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start}); re-encode it "
+                        "as UTF-8") from e
+    except Exception as e:  # pandas, pyarrow, gzip and fsspec raise many types for a bad file
+        raise DataError(f"could not read {path} as {kind[1:]}: {str(e)[:300] or type(e).__name__}"
+                        ". Is the file complete? Copy or download it again") from e
+    if df.empty:
+        raise DataError(f"data file {path} is empty (no rows); it needs premise, hypothesis, label")
+    return df
+
+
+# A field in standard TSV quoting (pandas' and csv's default) that holds a quote: wrapped in quotes,
+# its own doubled. MultiNLI's quotes are text, and never doubled inside a wrapped field.
+DOUBLED_QUOTES = re.compile(r'(?:^|\t)"(?:[^"\t\n]|"")*""(?:[^"\t\n]|"")*"\r?(?:\t|$)', re.M)
+
+
+def _read_tsv(text: str, path: str) -> pd.DataFrame:
+    """A TSV in either of two conventions. MultiNLI's own files treat quotes as text (its quotes
+    are often unbalanced: `"Hello," he said.`), so each line is a row and each tab a border.
+    pandas and csv quote a field that holds a tab, a newline or a quote: read so where a line's
+    field count or a doubled quote says the file was written that way."""
+    lines = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
+    rows = [line.split("\t") for line in lines]
+    if DOUBLED_QUOTES.search(text) or any(len(row) != len(rows[0]) for row in rows):
+        reader = csv.reader(io.StringIO(text), delimiter="\t")
+        rows = []
+        for row in reader:
+            if row and rows and len(row) != len(rows[0]):
+                raise DataError(f"{path} line {reader.line_num} has {len(row)} fields where the "
+                                f"header has {len(rows[0])}, read with quotes as text or as "
+                                "standard TSV quoting: a line cut short, or a tab inside a field "
+                                "that is not quoted")
+            rows += [row] if row else []
+    return pd.DataFrame(rows[1:], columns=rows[0]) if rows else pd.DataFrame()
+
+
+def _read_json(f, name: str) -> pd.DataFrame:
+    """JSON Lines (the index holds line numbers) or one JSON array of objects."""
+    data = f.read().removeprefix(b"\xef\xbb\xbf")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # the line, as for any other bad line
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{name} line {line} is not valid UTF-8 ({e.reason}); re-encode it as "
+                        "UTF-8") from e
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise DataError(f"{name} is not valid JSON ({getattr(e, 'msg', e)})") from e
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise DataError(f"{name} must be a JSON array of objects (or JSON Lines)")
+        return pd.DataFrame(records, dtype=object)
+    lines, rows = [], []
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 is text
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+            raise DataError(f"{name} line {number} is not valid JSON ({getattr(e, 'msg', e)}"
+                            f"{where}); each line must be one JSON object") from e
+        if not isinstance(row, dict):
+            raise DataError(f"{name} line {number} is a JSON {json_type(row)}, not an object; "
+                            'each line must be one object like {"premise": ..., "hypothesis": '
+                            '..., "label": ...}')
+        lines.append(number)
+        rows.append(row)
+    return pd.DataFrame(rows, index=pd.Index(lines, name="line"), dtype=object)
+
+
+def json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)

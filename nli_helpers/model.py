@@ -1,4 +1,5 @@
-"""Build the tokenizer and sequence classifier, and check that they fit the run.
+"""Build the tokenizer and sequence classifier, check that they fit the run, and tokenise the
+pairs with that tokenizer (`tokenize_splits`, cached across runs and ranks).
 
 `load_model_and_tokenizer` takes a hub name, a local folder (a run's, or any of its checkpoints),
 a gs:// folder (`vertex.stage_model`'s upload, a job's model), read through a local copy, or
@@ -7,19 +8,30 @@ offline). Weights load from safetensors only (a pickle can run code when it load
 maps always follow `config.LABELS`.
 
     >>> model, tokenizer = load_model_and_tokenizer("runs/train-.../")  # or "roberta-base"
+    >>> tokenized = tokenize_splits(splits, tokenizer, max_length=128)  # truncated, not padded
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import os
+import re
 import tempfile
+from pathlib import Path
 
 import torch
+from datasets import Dataset, DatasetDict
+from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import files
-from .config import LABEL2ID, LABELS, ConfigError, NLIError
+from .config import LABEL2ID, LABELS, ConfigError, DataError, NLIError
+from .config import cache_dir as package_cache_dir
+from .data import content_hash
+
+log = logging.getLogger(__name__)
 
 ID2LABEL = dict(enumerate(LABELS))
 
@@ -139,3 +151,82 @@ def check_model_fits(model, tokenizer, max_length: int, name: str) -> None:
         if max_length > usable:
             raise ConfigError(f"--max_seq_length {max_length} is more than model {name} has "
                               f"positions for ({usable}); use --max_seq_length {usable} or less")
+
+
+# -- tokenising, once per machine -----------------------------------------------------------------
+# Texts are cut to this many characters per token of max_length: the same tokens for any real text,
+# but the fast tokenizer's pair truncation builds every combination of both texts' overflow windows
+# (huggingface/tokenizers#2035): tens of GB for two 20,000-token texts.
+CHARS_PER_TOKEN_CAP = 32
+CACHE_FORMAT = 2  # part of every key: bump it when tokenize_splits gives other columns or values
+
+
+def cache_key(split, tokenizer, max_length: int) -> str:
+    """A hash of all the tokens depend on: the rows, the whole tokenizer (less the truncation and
+    padding its last call left set), max_length and this code's format."""
+    saved = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    saved.no_truncation()
+    saved.no_padding()
+    parts = (f"format {CACHE_FORMAT} cap {CHARS_PER_TOKEN_CAP} max_length {max_length}",
+             type(tokenizer).__name__, tokenizer.truncation_side,
+             " ".join(tokenizer.model_input_names), saved.to_str(), content_hash(split))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+class TokenizedSplits(DatasetDict):
+    cache_hits: dict[str, bool]  # split -> read back from the token cache
+
+
+def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
+                    cache_dir: str | Path | None = None, use_cache: bool = True
+                    ) -> TokenizedSplits:
+    """Tokenise every split, truncated but never padded (padding is per batch), with a `length`.
+    Kept in `cache_dir` (else `config.cache_dir()`/tokens) for the next run and the other ranks
+    (`.cache_hits` says which were read back); `use_cache=False` writes nothing."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one "
+                        "(AutoTokenizer's default)")
+    cap = CHARS_PER_TOKEN_CAP * max_length
+
+    def encode(batch):
+        enc = tokenizer([t[:cap] for t in batch["premise"]], [t[:cap] for t in batch["hypothesis"]],
+                        truncation=True, max_length=max_length)
+        enc["length"] = [len(ids) for ids in enc["input_ids"]]
+        return enc
+
+    folder = Path(cache_dir or package_cache_dir() / "tokens") if use_cache else None
+    name = "_".join(Path(str(tokenizer.name_or_path)).parts[-2:]) or type(tokenizer).__name__
+    prefix = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{max_length}"
+    tokenized, tokenized.cache_hits = TokenizedSplits(), {}
+    for split, ds in splits.items():
+        drop = [c for c in ds.column_names if c not in ("label", "genre")]
+
+        def tokenise(split=split, ds=ds, drop=drop, **cache):
+            return ds.map(encode, batched=True, batch_size=1000, remove_columns=drop,
+                          desc=f"tokenise {split}", **cache)
+
+        path = folder / f"{prefix}-{cache_key(ds, tokenizer, max_length)}.arrow" if folder else None
+        tokenized[split], tokenized.cache_hits[split] = _cached(tokenise, path, len(ds))
+    return tokenized
+
+
+def _cached(tokenise, path: Path | None, rows: int) -> tuple[Dataset, bool]:
+    """(split, hit): datasets reads `path` back when it exists (written aside and renamed, so a
+    killed run leaves no entry); a damaged entry is tokenised again, an unwritable cache skipped."""
+    if path is None:
+        return tokenise(), False
+    hit = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            split = tokenise(cache_file_name=str(path))
+            if len(split) == rows:
+                return split, hit
+        except Exception as e:  # pyarrow raises several types for a damaged file, OSError too
+            if not hit:
+                raise
+            log.warning("token cache entry %s is damaged (%s); tokenising again", path, e)
+        return tokenise(cache_file_name=str(path), load_from_cache_file=False), False
+    except OSError as e:  # a read-only or full disk must not stop a run
+        log.warning("token cache %s unusable (%s); tokenising without it", path.parent, e)
+        return tokenise(), False

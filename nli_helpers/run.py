@@ -33,8 +33,8 @@ from . import files
 from .checkpoint import RESUME_CRITICAL, checkpoints, latest_checkpoint, written_whole
 from .checkpoint import remove as remove_checkpoint
 from .config import QUIET_LOG_LEVELS, NLIError, TrainConfig, cache_dir
-from .data import load_nli_splits, tokenize_splits
-from .model import check_model_fits, load_model_and_tokenizer
+from .data import load_nli_splits
+from .model import check_model_fits, load_model_and_tokenizer, tokenize_splits
 from .tracking import TrainCallback, live_progress, summary_line
 from .train import TrainResult, global_batch, train
 

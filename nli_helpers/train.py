@@ -67,8 +67,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg) if info.enabled else model
     if cfg.torch_compile:  # imported only here: dynamo and inductor load for a compiled run only
-        from . import compiled
-        before, net = compiled.counters(), compiled.compile_for_training(net, model, device, cfg)
+        before, net = step.counters(), step.compile_for_training(net, model, device, cfg)
     loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
     accum = cfg.gradient_accumulation_steps
@@ -179,7 +178,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
                                time.perf_counter() - start, precision=precision, device=device,
                                model=model)
     if cfg.torch_compile:  # graphs bounded by kinds of shape; growing with the run: a bug
-        metrics["train"]["compile"] = compiled.counters(before, loader, len(tokenized["train"]))
+        metrics["train"]["compile"] = step.counters(before, loader, len(tokenized["train"]))
     for callback in log.callbacks:
         callback.on_train_end(metrics)
     return TrainResult(model, tokenizer, cfg, metrics, state.history)

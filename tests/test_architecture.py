@@ -1,5 +1,5 @@
 """The shape of the code: one-way layers and no import circles (import-linter), no module over 400 lines, and one
-I/O path (fsspec, through `files` and `tables`).
+I/O path (fsspec, through `files`).
 
 The contracts live in pyproject.toml ([tool.importlinter]); `make lint` runs the same `lint-imports`.
 """
@@ -84,14 +84,13 @@ def test_every_package_module_is_placed_in_a_layer():
 
 def test_the_loop_imports_at_most_five_siblings():
     """train.py reads in one sitting: what it needs from the package comes from five modules at most (config,
-    distributed, checkpoint, step, which holds the pieces of a step, and tracking, the log), besides
-    `compiled`, which only a compiled run imports, in the one `if cfg.torch_compile` block. Cloud Storage never
-    reaches it: checkpoints and TensorBoard write through `files`."""
+    distributed, checkpoint, step, which holds the pieces of a step and --torch_compile's, and tracking, the
+    log). Cloud Storage never reaches it: checkpoints and TensorBoard write through `files`."""
     tree = ast.parse((ROOT / "nli_helpers" / "train.py").read_text())
     siblings = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     siblings |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  and node.level == 1 and node.module is None for alias in node.names}
-    assert len(siblings - {None, "compiled"}) <= 5, f"train.py imports {sorted(siblings - {None})}"
+    assert len(siblings - {None}) <= 5, f"train.py imports {sorted(siblings - {None})}"
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -103,12 +102,12 @@ def imported_packages(path: Path) -> set[str]:
 
 
 def test_one_io_path_for_local_files_and_cloud_storage():
-    """Local paths and gs:// take the same fsspec calls, through `files` only (paths, copies, checks; `tables` reads
-    through its filesystem); no other trainer module names a Cloud Storage client (gcsfs, google.cloud). `files` names
+    """Local paths and gs:// take the same fsspec calls, through `files` only (paths, copies, checks, and the
+    readers of each file format); no other trainer module names a Cloud Storage client (gcsfs, google.cloud). `files` names
     gcsfs inside the function that makes a gs:// file system (its requests' retries, bounded and said), so a local run
     never imports it (tests/test_task.py runs one and looks)."""
     trainer = sorted((ROOT / "nli_helpers").glob("*.py"))
-    assert {p.stem for p in trainer} >= {"files", "tables", "checkpoint", "run", "data"}
+    assert {p.stem for p in trainer} >= {"files", "checkpoint", "run", "data"}
     uses = {p.stem: imported_packages(p) for p in trainer}
     assert sorted(name for name, packages in uses.items() if "fsspec" in packages) == ["files"]
     assert {name: packages & {"gcsfs", "google"} for name, packages in uses.items()

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from nli_helpers.config import make_config
-from nli_helpers.data import tokenize_splits
+from nli_helpers.model import tokenize_splits
 from nli_helpers.step import LengthGroupedBatches, make_train_loader
 from tests.tiny_model import tiny_model
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nli_helpers import compiled as compiled_module
 from nli_helpers import step, train
 from nli_helpers.config import make_config
-from nli_helpers.data import load_nli_splits, tokenize_splits
-from nli_helpers.model import load_model_and_tokenizer
-from nli_helpers.step import LengthGroupedBatches
+from nli_helpers.data import load_nli_splits
+from nli_helpers.model import load_model_and_tokenizer, tokenize_splits
+from nli_helpers.step import LengthGroupedBatches, counters
 from nli_helpers.tracking import TrainCallback
 
 
@@ -23,7 +22,7 @@ class GraphsPerEpoch(TrainCallback):
         self.seen: list[int] = []
 
     def on_evaluate(self, step, epoch, scores):
-        self.seen.append(compiled_module.counters()["graphs"])
+        self.seen.append(counters()["graphs"])
 
 
 def run(tiny_model_dir, compile: bool, max_length: int, callbacks=(), per_device_train_batch_size=8, device="cpu",
@@ -103,7 +102,7 @@ def test_with_accumulation_a_compiled_step_keeps_its_gradients_in_the_same_buffe
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_on_a_gpu_compiled_steps_replay_cuda_graphs_and_train_as_eager_ones(tiny_model_dir, monkeypatch, accumulate):
     # One graph per kind of shape and no CUDA-graph skip (a skip would mean eager speed in a compiled run), with
-    # gradient accumulation too: its gradients live in buffers made before the first replay (compiled.py).
+    # gradient accumulation too: its gradients live in buffers made before the first replay (step.compile_for_training).
     compiled = run(tiny_model_dir, compile=True, max_length=80, device="cuda", gradient_accumulation_steps=accumulate)
     monkeypatch.setattr(step, "LengthGroupedBatches",
                         lambda *args, **kwargs: LengthGroupedBatches(*args, **{**kwargs, "drop_last": True}))

@@ -8,13 +8,14 @@ import pytest
 
 from nli_helpers.config import LABELS
 from nli_helpers.data import (
+    DataError,
     LoadReport,
     load_nli_splits,
     normalise_frame,
     split_by_premise,
-    tokenize_splits,
 )
-from nli_helpers.tables import DataError, read_pairs
+from nli_helpers.files import read_pairs
+from nli_helpers.model import tokenize_splits
 from tests.tiny_model import tiny_model
 
 ROWS = [
@@ -245,7 +246,7 @@ def test_a_file_mixing_both_schemas_keeps_every_row_and_prefers_premise_on_a_row
                     '{"sentence1": "c d", "sentence2": "d", "gold_label": "neutral"}\n')
     df = normalise_frame(read_pairs(str(path)), "mixed", LoadReport("mixed"))
     assert df[["premise", "label"]].values.tolist() == [["a b", 0], ["c d", 1]]
-    # The one rule (tables.check_columns): premise/hypothesis/label where present, else the raw names.
+    # The one rule (data.check_columns): premise/hypothesis/label where present, else the raw names.
     path.write_text('{"premise": "a b", "sentence1": "other", "hypothesis": "b", "label": "entailment"}\n')
     assert normalise_frame(read_pairs(str(path)), "mixed", LoadReport("mixed"))["premise"].tolist() == ["a b"]
 

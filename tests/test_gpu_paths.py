@@ -112,8 +112,8 @@ def test_the_gpu_guard_reads_the_rest_spelling_of_the_job_and_says_when_it_canno
 # -- 3. an fp16 step the scaler skips moves neither the schedule nor the step count -------------------------------
 def test_a_skipped_fp16_step_does_not_advance_the_schedule(tiny_model_dir):
     from nli_helpers import train
-    from nli_helpers.data import load_nli_splits, tokenize_splits
-    from nli_helpers.model import load_model_and_tokenizer
+    from nli_helpers.data import load_nli_splits
+    from nli_helpers.model import load_model_and_tokenizer, tokenize_splits
 
     cfg = make_config("smoke", model_name_or_path=tiny_model_dir, num_train_epochs=1, per_device_train_batch_size=8,
                       max_train_samples=64, max_eval_samples=16, logging_steps=1, warmup_ratio=0.25, progress=False,
@@ -350,8 +350,8 @@ def test_a_training_step_reads_no_tensor_but_the_named_ones(tiny_model_dir, prec
     step's skipped-step check (find_syncs.NAMED), and once an epoch on the CPU, outside any step: the DataLoader
     drawing its epoch's seed, and the length-grouped order choosing its longest batch."""
     from nli_helpers import train
-    from nli_helpers.data import load_nli_splits, tokenize_splits
-    from nli_helpers.model import load_model_and_tokenizer
+    from nli_helpers.data import load_nli_splits
+    from nli_helpers.model import load_model_and_tokenizer, tokenize_splits
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from find_syncs import NAMED

@@ -30,9 +30,8 @@ import pytest
 
 from nli_helpers.checkpoint import CheckpointError
 from nli_helpers.config import LABELS, ConfigError, NLIError
-from nli_helpers.data import load_nli_splits, tokenize_splits
-from nli_helpers.model import ModelError, load_model_and_tokenizer
-from nli_helpers.tables import DataError
+from nli_helpers.data import DataError, load_nli_splits
+from nli_helpers.model import ModelError, load_model_and_tokenizer, tokenize_splits
 from tests.helpers import ROOT, ROWS, run_fails, run_task, truncated, write_jsonl
 from tests.tiny_model import tiny_model
 
@@ -258,7 +257,7 @@ def test_a_pair_of_huge_texts_does_not_exhaust_memory(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
         from datasets import Dataset, DatasetDict
         from transformers import AutoTokenizer
-        from nli_helpers.data import tokenize_splits
+        from nli_helpers.model import tokenize_splits
         from tests.tiny_model import tiny_model
         tok = AutoTokenizer.from_pretrained(tiny_model())
         text = {LONG_TEXT!r}

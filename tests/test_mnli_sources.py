@@ -21,8 +21,7 @@ import pytest
 from localcloud.hub import FILE, REPO, HubStandIn
 from nli_helpers import mnli
 from nli_helpers.config import LABELS
-from nli_helpers.data import MNLI_SUBSET, LoadReport, load_nli_splits, mnli_subset_frame
-from nli_helpers.tables import DataError
+from nli_helpers.data import MNLI_SUBSET, DataError, LoadReport, load_nli_splits, mnli_subset_frame
 from tests.helpers import ROOT
 
 NEWCOMER = """

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from nli_helpers.data import cache_key, content_hash, tokenize_splits
-from nli_helpers.model import ModelError, resolve_model_path
+from nli_helpers.data import content_hash
+from nli_helpers.model import ModelError, cache_key, resolve_model_path, tokenize_splits
 from nli_helpers.step import collator, model_columns
 from tests.tiny_model import tiny_model
 

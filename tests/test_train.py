@@ -164,8 +164,8 @@ def test_a_time_budget_checkpoints_on_the_clock_without_changing_the_run(tmp_pat
     from transformers import set_seed
 
     from nli_helpers.checkpoint import latest_checkpoint
-    from nli_helpers.data import load_nli_splits, tokenize_splits
-    from nli_helpers.model import load_model_and_tokenizer
+    from nli_helpers.data import load_nli_splits
+    from nli_helpers.model import load_model_and_tokenizer, tokenize_splits
     from nli_helpers.train import train
 
     def run(name, clock=None, resume_from=None, **overrides):
