@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,11 +247,8 @@ def _load_frames(source: str, report: LoadReport) -> Frames:
         return {split: normalise_frame(files.read_pairs(f), f, report)
                 for split, f in split_files(fs, inside, source).items()}
     if info["type"] == "other":  # reading a named pipe would wait for a writer
-        mode = info.get("mode", 0)
-        what = "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
-            else "a device"
-        raise DataError(f"--data {source} is {what}, not a regular file; write the pairs to a "
-                        "file and pass that")
+        raise DataError(f"--data {source} is not a regular file (a pipe, a socket or a device); "
+                        "write the pairs to a file and pass that")
     if info["type"] == "file":
         name = "bundled sample" if source == "sample" else source
         return {"train": normalise_frame(files.read_pairs(os.path.expanduser(path)), name, report)}
