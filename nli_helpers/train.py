@@ -66,7 +66,7 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     `resume_from` continues a checkpoint."""
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg) if info.enabled else model
-    if cfg.torch_compile:  # imported only here: dynamo and inductor load for a compiled run only
+    if cfg.torch_compile:  # dynamo and inductor load for a compiled run only
         before, net = step.counters(), step.compile_for_training(net, model, device, cfg)
     loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device,
                                num_replicas=info.world_size, rank=info.rank)
