@@ -1,7 +1,9 @@
-"""Local paths and Cloud Storage (`gs://`) through the same calls: fsspec.
+"""Local paths and Cloud Storage (`gs://`) through the same calls: fsspec. At the end, the readers
+of a file of NLI pairs, one per format, through the same calls.
 
     >>> fs, path = filesystem("gs://my-bucket/runs/1")   # or "runs/1": the same methods
     >>> put("staged/", "gs://my-bucket/runs/1", last="metrics.json")
+    >>> read_pairs("gs://my-bucket/data/train.jsonl.gz")  # a DataFrame, every cell as read
 
 A local path loads no Cloud Storage code; a gs:// one loads gcsfs, which follows
 STORAGE_EMULATOR_HOST (tests, localcloud) and otherwise uses Application Default Credentials.

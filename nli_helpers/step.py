@@ -166,7 +166,7 @@ def collator(tokenizer, multiple: int | None = None) -> DataCollatorWithPadding:
 def compile_for_training(net, model, device: torch.device, cfg: TrainConfig):
     """`torch.compile`, with CUDA graphs on a GPU ("reduce-overhead": a step's ~1,200 kernel
     launches replayed as one graph). Gradients get stable buffers first, zeroed in place from then
-    on (`keeps_grads`): a `.grad` made inside a graph would live in its memory pool, which the next
+    on (`keep_grads`): a `.grad` made inside a graph would live in its memory pool, which the next
     replay overwrites, so accumulating over micro-batches would read overwritten sums (torch's own
     advice in `_inductor/cudagraph_trees.py`: preallocate zeroed .grad tensors). Evaluation and
     saving use the eager model underneath."""
