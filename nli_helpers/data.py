@@ -25,7 +25,6 @@ from datasets import Dataset, DatasetDict, load_dataset
 
 from . import files
 from .config import LABEL2ID, LABELS, DataError
-from .files import json_type
 
 SAMPLE_PATH = Path(__file__).parent / "sample" / "mnli_sample.jsonl"  # 360 hand-written pairs
 MNLI_SUBSET = "mnli-subset"  # real MultiNLI pairs, found on this machine or the hub (mnli.py)
@@ -38,7 +37,8 @@ SPLIT_ALIASES = {"train": "train", "validation_matched": "validation_matched",
                  "dev_mismatched": "validation_mismatched"}
 SPLIT_ORDER = ("train", "validation_matched", "validation_mismatched")
 COLUMN_ALIASES = {"sentence1": "premise", "sentence2": "hypothesis", "gold_label": "label"}
-UNLABELLED, UNLABELLED_ID = {"-", "-1", ""}, -1
+UNLABELLED = {"-", "-1", ""}  # gold label values that mean "no label"
+UNLABELLED_ID = -1
 LABEL_NUMBER = re.compile(r"-?[0-9]+(\.0*)?")  # "1", "-1", "1.0" (an int column with gaps)
 SURROGATE = re.compile(r"[\ud800-\udfff]")  # JSON can spell one ("\ud800"); nothing encodes it
 
@@ -117,7 +117,8 @@ def blank_texts(texts: pd.Series, source: str) -> pd.Series:
     bad = ~kinds.isin(("ok", "blank"))
     if bad.any():
         at = bad.idxmax()
-        what, col = kinds[at], texts.name
+        what = kinds[at]
+        col = texts.name
         if what == "surrogate":
             raise DataError(f"{source}: the {col} on {where(texts, at)} is not valid Unicode (an "
                             "unpaired surrogate, such as a JSON \\ud800 escape); fix that row")
@@ -135,7 +136,7 @@ def missing(value) -> bool:
 def _text_kind(value) -> str:
     if isinstance(value, str):
         return "blank" if not value.strip() else "surrogate" if SURROGATE.search(value) else "ok"
-    return "blank" if missing(value) else json_type(value)
+    return "blank" if missing(value) else files.json_type(value)
 
 
 def _shown(value) -> str:

@@ -253,7 +253,8 @@ def _read_json(f, name: str) -> pd.DataFrame:
         if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
             raise DataError(f"{name} must be a JSON array of objects (or JSON Lines)")
         return pd.DataFrame(records, dtype=object)
-    lines, rows = [], []
+    lines = []
+    rows = []
     for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 is text
         if not line.strip():
             continue

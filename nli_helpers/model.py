@@ -20,16 +20,18 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from datasets import Dataset, DatasetDict
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from . import files
 from .config import LABEL2ID, LABELS, ConfigError, DataError, NLIError
 from .config import cache_dir as package_cache_dir
-from .data import content_hash
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,8 @@ CACHE_FORMAT = 2  # part of every key: bump it when tokenize_splits gives other 
 def cache_key(split, tokenizer, max_length: int) -> str:
     """A hash of all the tokens depend on: the rows, the whole tokenizer (less the truncation and
     padding its last call left set), max_length and this code's format."""
+    from .data import content_hash  # here: loading a model to serve it loads no datasets
+
     saved = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     saved.no_truncation()
     saved.no_padding()
@@ -173,16 +177,14 @@ def cache_key(split, tokenizer, max_length: int) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-class TokenizedSplits(DatasetDict):
-    cache_hits: dict[str, bool]  # split -> read back from the token cache
-
-
 def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
                     cache_dir: str | Path | None = None, use_cache: bool = True
-                    ) -> TokenizedSplits:
+                    ) -> DatasetDict:
     """Tokenise every split, truncated but never padded (padding is per batch), with a `length`.
     Kept in `cache_dir` (else `config.cache_dir()`/tokens) for the next run and the other ranks
-    (`.cache_hits` says which were read back); `use_cache=False` writes nothing."""
+    (`.cache_hits`, {split: read back}, says which were); `use_cache=False` writes nothing."""
+    from datasets import DatasetDict  # here: loading a model to serve it loads no datasets
+
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{type(tokenizer).__name__} is a slow tokenizer; use a fast one "
                         "(AutoTokenizer's default)")
@@ -197,7 +199,8 @@ def tokenize_splits(splits: DatasetDict, tokenizer, max_length: int = 128, *,
     folder = Path(cache_dir or package_cache_dir() / "tokens") if use_cache else None
     name = "_".join(Path(str(tokenizer.name_or_path)).parts[-2:]) or type(tokenizer).__name__
     prefix = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{max_length}"
-    tokenized, tokenized.cache_hits = TokenizedSplits(), {}
+    tokenized = DatasetDict()
+    tokenized.cache_hits = {}
     for split, ds in splits.items():
         drop = [c for c in ds.column_names if c not in ("label", "genre")]
 

@@ -67,9 +67,10 @@ def train(cfg: TrainConfig, model, tokenizer, tokenized, *, device: torch.device
     model.to(device).train()
     net = dist.wrap_ddp(model, device, info, cfg) if info.enabled else model
     if cfg.torch_compile:  # dynamo and inductor load for a compiled run only
-        before, net = step.counters(), step.compile_for_training(net, model, device, cfg)
+        before = step.counters()
+        net = step.compile_for_training(net, model, device, cfg)
     loader = step.make_train_loader(tokenized["train"], cfg, tokenizer, device,
-                               num_replicas=info.world_size, rank=info.rank)
+                                    num_replicas=info.world_size, rank=info.rank)
     accum = cfg.gradient_accumulation_steps
     if len(loader) < accum:  # no optimizer step would ever be taken
         raise ConfigError(f"gradient_accumulation_steps={accum} is more than the {len(loader)} "
